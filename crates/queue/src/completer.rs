@@ -1,0 +1,336 @@
+//! Persists the ends of job attempts in batches: every completion waiting in the channel goes into
+//! one transaction (one `UPDATE … FROM unnest(…)` per kind of ending, plus the transition hooks).
+//!
+//! Each update is guarded by `state = 'running' AND attempt = <the attempt that ran>`, so an attempt
+//! whose job was meanwhile rescued and re-run can never complete or fail it a second time. Nothing
+//! is reported (metrics, logs) before the transaction commits. A batch that fails is retried —
+//! first whole, then job by job — until it commits or the process is told to abandon it; abandoned
+//! jobs stay `running` and are rescued once this process stops heartbeating.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::{PgConnection, PgPool};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::backoff::RetryPolicy;
+use crate::error::QueueError;
+use crate::hooks::{Transition, TransitionHook, run_hooks};
+use crate::insert::INSERT_CHANNEL;
+use crate::job::{FailureKind, JobId};
+use crate::metrics::QueueMetrics;
+use crate::outcome::JobOutcome;
+use crate::runtime::Inflight;
+
+/// How an attempt ended, including the runtime's own "handed back on shutdown".
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Resolution {
+    Outcome(JobOutcome),
+    /// The worker is shutting down; give the attempt back without counting it.
+    Interrupted(String),
+}
+
+impl Resolution {
+    fn label(&self) -> &'static str {
+        match self {
+            Resolution::Outcome(o) => o.label(),
+            Resolution::Interrupted(_) => "interrupted",
+        }
+    }
+}
+
+/// One finished attempt, waiting to be persisted.
+#[derive(Debug, Clone)]
+pub(crate) struct Completion {
+    pub(crate) id: JobId,
+    pub(crate) attempt: i16,
+    pub(crate) max_attempts: i16,
+    pub(crate) queue: String,
+    pub(crate) kind: String,
+    pub(crate) resolution: Resolution,
+    pub(crate) output: Option<serde_json::Value>,
+}
+
+pub(crate) struct Completer {
+    pub(crate) pool: PgPool,
+    pub(crate) rx: mpsc::Receiver<Completion>,
+    pub(crate) hooks: Arc<[Arc<dyn TransitionHook>]>,
+    pub(crate) retry: RetryPolicy,
+    pub(crate) batch_size: usize,
+    pub(crate) metrics: QueueMetrics,
+    pub(crate) inflight: Arc<Inflight>,
+    /// Fired when the process gives up on persisting (hard shutdown with the database away).
+    pub(crate) abandon: CancellationToken,
+}
+
+impl Completer {
+    pub(crate) async fn run(mut self) {
+        let mut batch = Vec::with_capacity(self.batch_size);
+        loop {
+            batch.clear();
+            if self.rx.recv_many(&mut batch, self.batch_size).await == 0 {
+                return;
+            }
+            if !self.persist_until_done(&batch).await {
+                tracing::error!(
+                    jobs = batch.len(),
+                    "abandoning completions; the jobs stay running and will be rescued"
+                );
+                // Drain the rest without persisting so that senders do not block forever.
+                self.rx.close();
+                while self.rx.recv().await.is_some() {}
+                return;
+            }
+        }
+    }
+
+    /// Returns false if abandoned before committing.
+    async fn persist_until_done(&self, batch: &[Completion]) -> bool {
+        let mut delay = Duration::from_millis(20);
+        let mut failures = 0u32;
+        loop {
+            match self.persist(batch).await {
+                Ok(applied) => {
+                    self.after_commit(batch, &applied);
+                    return true;
+                }
+                Err(e) => {
+                    failures += 1;
+                    tracing::warn!(error = %e, jobs = batch.len(), failures, "persisting completions failed; retrying");
+                    if batch.len() > 1 && !e.is_connection_error() && failures >= 2 {
+                        // Something in the batch is refused: persist jobs one by one so the
+                        // rest are not held hostage.
+                        for one in batch.chunks(1) {
+                            if !Box::pin(self.persist_until_done(one)).await {
+                                return false;
+                            }
+                        }
+                        return true;
+                    }
+                }
+            }
+            tokio::select! {
+                () = self.abandon.cancelled() => return false,
+                () = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    fn after_commit(&self, batch: &[Completion], applied: &HashSet<JobId>) {
+        for c in batch {
+            self.inflight.remove(c.id);
+            if applied.contains(&c.id) {
+                self.metrics
+                    .outcome(&c.queue, &c.kind, c.resolution.label());
+                tracing::debug!(job_id = c.id, queue = %c.queue, kind = %c.kind, attempt = c.attempt, outcome = c.resolution.label(), "job attempt persisted");
+            } else {
+                self.metrics.outcome(&c.queue, &c.kind, "stale");
+                tracing::warn!(
+                    job_id = c.id,
+                    attempt = c.attempt,
+                    "completion ignored: the job was no longer running this attempt (rescued or cancelled meanwhile)"
+                );
+            }
+        }
+    }
+
+    async fn persist(&self, batch: &[Completion]) -> Result<HashSet<JobId>, QueueError> {
+        let mut tx = self.pool.begin().await?;
+        let transitions = persist_batch(&mut tx, batch, &self.retry).await?;
+        run_hooks(&self.hooks, &mut tx, &transitions).await?;
+        let requeued: Vec<&str> = transitions
+            .iter()
+            .filter(|t| t.state == crate::job::JobState::Available)
+            .map(|t| t.queue.as_str())
+            .collect();
+        if !requeued.is_empty() {
+            sqlx::query("SELECT pg_notify($1, q) FROM (SELECT DISTINCT unnest($2::text[]) q) d")
+                .bind(INSERT_CHANNEL)
+                .bind(&requeued)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(transitions.into_iter().map(|t| t.job_id).collect())
+    }
+}
+
+/// Writes every completion of `batch`; returns the transitions that applied.
+async fn persist_batch(
+    conn: &mut PgConnection,
+    batch: &[Completion],
+    retry: &RetryPolicy,
+) -> Result<Vec<Transition>, QueueError> {
+    let mut done = Columns::default();
+    let mut failed = Columns::default();
+    let mut snoozed = Columns::default();
+    let mut cancelled = Columns::default();
+    let mut interrupted = Columns::default();
+    for c in batch {
+        match &c.resolution {
+            Resolution::Outcome(JobOutcome::Completed) => done.push(c, None, 0.0, "", ""),
+            Resolution::Outcome(JobOutcome::Failed { kind, message }) => {
+                let (state, delay) = if c.attempt >= c.max_attempts {
+                    ("discarded", 0.0)
+                } else {
+                    ("retryable", retry.delay_for(c.attempt).as_secs_f64())
+                };
+                failed.push(c, Some(state), delay, failure_label(*kind), message);
+            }
+            Resolution::Outcome(JobOutcome::Snoozed(d)) => {
+                snoozed.push(c, None, d.as_secs_f64(), "", "");
+            }
+            Resolution::Outcome(JobOutcome::Cancelled(reason)) => {
+                cancelled.push(c, None, 0.0, "", reason);
+            }
+            Resolution::Interrupted(reason) => {
+                interrupted.push(
+                    c,
+                    None,
+                    0.0,
+                    failure_label(FailureKind::Interrupted),
+                    reason,
+                );
+            }
+        }
+    }
+    let mut transitions = Vec::with_capacity(batch.len());
+    if !done.ids.is_empty() {
+        let sql = "UPDATE fairlane_job j SET state = 'completed', finalized_at = now(), output = u.output \
+             FROM unnest($1::int8[], $2::int2[], $3::jsonb[]) AS u(id, attempt, output) \
+             WHERE j.id = u.id AND j.state = 'running' AND j.attempt = u.attempt RETURNING j.id, j.queue, j.kind, j.user_id, j.state";
+        transitions.extend(
+            sqlx::query_as::<_, Transition>(sql)
+                .bind(&done.ids)
+                .bind(&done.attempts)
+                .bind(&done.outputs)
+                .fetch_all(&mut *conn)
+                .await?,
+        );
+    }
+    if !failed.ids.is_empty() {
+        let sql = "UPDATE fairlane_job j SET \
+                 state = CASE WHEN (j.metadata ->> 'cancel_attempted_at') IS NOT NULL THEN 'cancelled' ELSE u.state END::fairlane_job_state, \
+                 scheduled_at = CASE WHEN u.state = 'retryable' AND NOT (j.metadata ->> 'cancel_attempted_at') IS NOT NULL \
+                                     THEN now() + u.delay * interval '1 second' ELSE j.scheduled_at END, \
+                 finalized_at = CASE WHEN u.state = 'discarded' OR (j.metadata ->> 'cancel_attempted_at') IS NOT NULL THEN now() END, \
+                 errors = j.errors || jsonb_build_array(jsonb_build_object( \
+                     'attempt', u.attempt, 'at', now(), 'kind', u.kind, 'error', u.message)) \
+             FROM unnest($1::int8[], $2::int2[], $3::text[], $4::float8[], $5::text[], $6::text[]) \
+                  AS u(id, attempt, state, delay, kind, message) \
+             WHERE j.id = u.id AND j.state = 'running' AND j.attempt = u.attempt RETURNING j.id, j.queue, j.kind, j.user_id, j.state";
+        transitions.extend(
+            sqlx::query_as::<_, Transition>(sql)
+                .bind(&failed.ids)
+                .bind(&failed.attempts)
+                .bind(&failed.states)
+                .bind(&failed.delays)
+                .bind(&failed.kinds)
+                .bind(&failed.messages)
+                .fetch_all(&mut *conn)
+                .await?,
+        );
+    }
+    if !snoozed.ids.is_empty() {
+        // A snooze gives the attempt back, so snoozing can never exhaust max_attempts.
+        let sql = "UPDATE fairlane_job j SET \
+                 state = CASE WHEN (j.metadata ->> 'cancel_attempted_at') IS NOT NULL THEN 'cancelled' ELSE 'scheduled' END::fairlane_job_state, \
+                 finalized_at = CASE WHEN (j.metadata ->> 'cancel_attempted_at') IS NOT NULL THEN now() END, \
+                 scheduled_at = now() + u.delay * interval '1 second', \
+                 attempt = j.attempt - 1, \
+                 metadata = jsonb_set(j.metadata, '{snoozes}', \
+                     to_jsonb(coalesce((j.metadata ->> 'snoozes')::int, 0) + 1)) \
+             FROM unnest($1::int8[], $2::int2[], $3::float8[]) AS u(id, attempt, delay) \
+             WHERE j.id = u.id AND j.state = 'running' AND j.attempt = u.attempt RETURNING j.id, j.queue, j.kind, j.user_id, j.state";
+        transitions.extend(
+            sqlx::query_as::<_, Transition>(sql)
+                .bind(&snoozed.ids)
+                .bind(&snoozed.attempts)
+                .bind(&snoozed.delays)
+                .fetch_all(&mut *conn)
+                .await?,
+        );
+    }
+    if !cancelled.ids.is_empty() {
+        let sql = "UPDATE fairlane_job j SET state = 'cancelled', finalized_at = now(), \
+                 metadata = j.metadata || jsonb_build_object('cancel_reason', u.reason) \
+             FROM unnest($1::int8[], $2::int2[], $3::text[]) AS u(id, attempt, reason) \
+             WHERE j.id = u.id AND j.state = 'running' AND j.attempt = u.attempt RETURNING j.id, j.queue, j.kind, j.user_id, j.state";
+        transitions.extend(
+            sqlx::query_as::<_, Transition>(sql)
+                .bind(&cancelled.ids)
+                .bind(&cancelled.attempts)
+                .bind(&cancelled.messages)
+                .fetch_all(&mut *conn)
+                .await?,
+        );
+    }
+    if !interrupted.ids.is_empty() {
+        // Handed back: runnable at once elsewhere, and the attempt does not count.
+        let sql = "UPDATE fairlane_job j SET \
+                 state = CASE WHEN (j.metadata ->> 'cancel_attempted_at') IS NOT NULL THEN 'cancelled' ELSE 'available' END::fairlane_job_state, \
+                 finalized_at = CASE WHEN (j.metadata ->> 'cancel_attempted_at') IS NOT NULL THEN now() END, \
+                 scheduled_at = now(), \
+                 attempt = j.attempt - 1, \
+                 errors = j.errors || jsonb_build_array(jsonb_build_object( \
+                     'attempt', u.attempt, 'at', now(), 'kind', u.kind, 'error', u.message)) \
+             FROM unnest($1::int8[], $2::int2[], $3::text[], $4::text[]) AS u(id, attempt, kind, message) \
+             WHERE j.id = u.id AND j.state = 'running' AND j.attempt = u.attempt RETURNING j.id, j.queue, j.kind, j.user_id, j.state";
+        transitions.extend(
+            sqlx::query_as::<_, Transition>(sql)
+                .bind(&interrupted.ids)
+                .bind(&interrupted.attempts)
+                .bind(&interrupted.kinds)
+                .bind(&interrupted.messages)
+                .fetch_all(&mut *conn)
+                .await?,
+        );
+    }
+    Ok(transitions)
+}
+
+/// Column vectors for one `unnest` update.
+#[derive(Default)]
+struct Columns {
+    ids: Vec<JobId>,
+    attempts: Vec<i16>,
+    outputs: Vec<Option<serde_json::Value>>,
+    states: Vec<&'static str>,
+    delays: Vec<f64>,
+    kinds: Vec<&'static str>,
+    messages: Vec<String>,
+}
+
+impl Columns {
+    fn push(
+        &mut self,
+        c: &Completion,
+        state: Option<&'static str>,
+        delay: f64,
+        kind: &'static str,
+        message: &str,
+    ) {
+        self.ids.push(c.id);
+        self.attempts.push(c.attempt);
+        self.outputs.push(c.output.clone());
+        self.states.push(state.unwrap_or(""));
+        self.delays.push(delay);
+        self.kinds.push(kind);
+        self.messages.push(message.to_owned());
+    }
+}
+
+fn failure_label(kind: FailureKind) -> &'static str {
+    match kind {
+        FailureKind::Error => "error",
+        FailureKind::Panic => "panic",
+        FailureKind::Timeout => "timeout",
+        FailureKind::UnknownKind => "unknown_kind",
+        FailureKind::InvalidArgs => "invalid_args",
+        FailureKind::Rescued => "rescued",
+        FailureKind::Interrupted => "interrupted",
+    }
+}

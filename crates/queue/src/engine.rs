@@ -1,0 +1,299 @@
+//! A running queue engine: the queues a process works, with their handlers and middleware, and the
+//! background tasks that keep it honest (notifier, completer, heartbeat, maintenance).
+//!
+//! `run` returns after a graceful shutdown: stop fetching; let running jobs finish up to
+//! `shutdown_timeout`; tell the rest to stop and hand them back to the queue after `cancel_grace`;
+//! persist every completion; deregister; resign leadership.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::QueueName;
+use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::client::{CONTROL_CHANNEL, Client};
+use crate::completer::Completer;
+use crate::config::EngineConfig;
+use crate::context::CancelReason;
+use crate::error::QueueError;
+use crate::handler::Workers;
+use crate::heartbeat;
+use crate::hooks::FetchGate;
+use crate::insert::INSERT_CHANNEL;
+use crate::leader::LeaderElector;
+use crate::maintenance::{self, MAINTENANCE_LEASE};
+use crate::metrics::QueueMetrics;
+use crate::middleware::Middleware;
+use crate::notifier::Notifier;
+use crate::producer::QueueWorker;
+use crate::runtime::{DbHealth, Inflight, Runtime};
+
+/// Builds an [`Engine`].
+pub struct EngineBuilder {
+    client: Client,
+    config: EngineConfig,
+    name: String,
+    queues: Vec<(QueueName, usize)>,
+    workers: Workers,
+    middleware: Vec<Arc<dyn Middleware>>,
+    gate: Option<Arc<dyn FetchGate>>,
+}
+
+impl EngineBuilder {
+    pub fn new(client: Client) -> Self {
+        EngineBuilder {
+            client,
+            config: EngineConfig::default(),
+            name: "worker".into(),
+            queues: Vec::new(),
+            workers: Workers::new(),
+            middleware: Vec::new(),
+            gate: None,
+        }
+    }
+
+    /// A label for this process in worker ids (`analyzer-worker-<host>-<pid>-<rand>`).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    pub fn config(mut self, config: EngineConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Works `queue` with at most `max_workers` of its jobs running at once in this process.
+    pub fn queue(mut self, queue: QueueName, max_workers: usize) -> Self {
+        self.queues.push((queue, max_workers));
+        self
+    }
+
+    pub fn workers(mut self, workers: Workers) -> Self {
+        self.workers = workers;
+        self
+    }
+
+    /// Adds a middleware; the first added is the outermost.
+    pub fn middleware(mut self, m: Arc<dyn Middleware>) -> Self {
+        self.middleware.push(m);
+        self
+    }
+
+    pub fn fetch_gate(mut self, gate: Arc<dyn FetchGate>) -> Self {
+        self.gate = Some(gate);
+        self
+    }
+
+    pub fn build(self) -> Result<Engine, QueueError> {
+        self.config.validate().map_err(QueueError::Config)?;
+        let mut seen = std::collections::HashSet::new();
+        for (q, n) in &self.queues {
+            if *n == 0 {
+                return Err(QueueError::Config(format!(
+                    "queue {q} needs at least one worker"
+                )));
+            }
+            if !seen.insert(q.clone()) {
+                return Err(QueueError::Config(format!("queue {q} is configured twice")));
+            }
+        }
+        let suffix: u32 = rand::random::<u32>() % 0x10000;
+        let host = hostname::get()
+            .map(|h| h.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| "unknown".into());
+        let worker_id = format!("{}-{host}-{}-{suffix:04x}", self.name, std::process::id());
+        Ok(Engine {
+            builder: self,
+            worker_id,
+        })
+    }
+}
+
+/// A configured engine, ready to [`run`](Engine::run).
+pub struct Engine {
+    builder: EngineBuilder,
+    worker_id: String,
+}
+
+impl Engine {
+    pub fn builder(client: Client) -> EngineBuilder {
+        EngineBuilder::new(client)
+    }
+
+    /// This process's worker id (as recorded in `attempted_by` and `fairlane_worker`).
+    pub fn worker_id(&self) -> &str {
+        &self.worker_id
+    }
+
+    /// Works the queues until `shutdown` is cancelled, then drains gracefully.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), QueueError> {
+        let b = self.builder;
+        let pool = b.client.pool().clone();
+        let config = b.config;
+        let queue_names: Vec<String> = b.queues.iter().map(|(q, _)| q.to_string()).collect();
+        heartbeat::register(&pool, &self.worker_id, &queue_names).await?;
+
+        let (tx, rx) = mpsc::channel(config.completer_batch.max(64) * 4);
+        let inflight = Arc::new(Inflight::default());
+        let metrics = QueueMetrics::new();
+        let rt = Arc::new(Runtime {
+            pool: pool.clone(),
+            worker_id: Arc::from(self.worker_id.as_str()),
+            config: config.clone(),
+            workers: b.workers,
+            middleware: Arc::from(b.middleware),
+            hooks: b.client.hooks(),
+            gate: b.gate,
+            inflight: Arc::clone(&inflight),
+            completions: tx,
+            metrics: metrics.clone(),
+            db_health: DbHealth::default(),
+        });
+        rt.db_health.record(true);
+
+        // Producers and their wake-ups.
+        let queues: Vec<Arc<QueueWorker>> = b
+            .queues
+            .iter()
+            .map(|(name, max)| {
+                Arc::new(QueueWorker {
+                    name: name.clone(),
+                    slots: Arc::new(Semaphore::new(*max)),
+                    runnable: Arc::new(Notify::new()),
+                    slot_freed: Arc::new(Notify::new()),
+                    max_workers: *max,
+                })
+            })
+            .collect();
+        let mut notifier = Notifier::new();
+        let by_name: HashMap<String, Arc<Notify>> = queues
+            .iter()
+            .map(|q| (q.name.to_string(), Arc::clone(&q.runnable)))
+            .collect();
+        notifier.subscribe(
+            INSERT_CHANNEL,
+            Arc::new(move |payload| match payload {
+                Some(queue) => {
+                    if let Some(n) = by_name.get(queue) {
+                        n.notify_one();
+                    }
+                }
+                None => by_name.values().for_each(|n| n.notify_one()),
+            }),
+        );
+        let control_inflight = Arc::clone(&inflight);
+        notifier.subscribe(
+            CONTROL_CHANNEL,
+            Arc::new(move |payload| {
+                if let Some(id) = payload
+                    .and_then(|p| p.strip_prefix("cancel:"))
+                    .and_then(|id| id.parse().ok())
+                    && control_inflight.cancel(id, CancelReason::Requested)
+                {
+                    tracing::info!(job_id = id, "cancel requested for a running job");
+                }
+            }),
+        );
+
+        let background = CancellationToken::new();
+        let mut tasks = tokio::task::JoinSet::new();
+        let leader = if config.maintenance {
+            let (elector, handle) = LeaderElector::new(
+                pool.clone(),
+                MAINTENANCE_LEASE,
+                self.worker_id.clone(),
+                config.leader_ttl,
+                &mut notifier,
+            );
+            tasks.spawn(elector.run(background.clone()));
+            Some(handle)
+        } else {
+            None
+        };
+        tasks.spawn(notifier.run(pool.clone(), background.clone()));
+        tasks.spawn(heartbeat::run(
+            Arc::clone(&rt),
+            queue_names.clone(),
+            background.clone(),
+        ));
+        if let Some(handle) = leader {
+            tasks.spawn(maintenance::run(
+                Arc::clone(&rt),
+                handle,
+                background.clone(),
+            ));
+        }
+        let abandon = CancellationToken::new();
+        let completer = tokio::spawn(
+            Completer {
+                pool: pool.clone(),
+                rx,
+                hooks: b.client.hooks(),
+                retry: config.retry,
+                batch_size: config.completer_batch,
+                metrics,
+                inflight: Arc::clone(&inflight),
+                abandon: abandon.clone(),
+            }
+            .run(),
+        );
+
+        let executors = TaskTracker::new();
+        let mut producers = tokio::task::JoinSet::new();
+        for q in &queues {
+            producers.spawn(Arc::clone(q).run(
+                Arc::clone(&rt),
+                executors.clone(),
+                shutdown.clone(),
+            ));
+        }
+        tracing::info!(worker_id = %self.worker_id, queues = ?queue_names, "queue engine started");
+
+        shutdown.cancelled().await;
+        tracing::info!(
+            running = inflight.len(),
+            "shutting down: no new jobs will be fetched"
+        );
+        while producers.join_next().await.is_some() {}
+        executors.close();
+        if tokio::time::timeout(config.shutdown_timeout, executors.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                running = inflight.len(),
+                "shutdown deadline reached; telling running jobs to stop and handing them back"
+            );
+            inflight.cancel_all(CancelReason::Shutdown);
+            let grace = config.cancel_grace + Duration::from_millis(500);
+            if tokio::time::timeout(grace, executors.wait()).await.is_err() {
+                tracing::error!(
+                    "some handlers ignore cancellation; their jobs stay running and will be rescued"
+                );
+            }
+        }
+        // Every executor has sent (or given up sending) its completion. Stop the background tasks
+        // (they hold the runtime, hence the channel's sender), then let the completer persist the
+        // rest, within a bound in case the database is gone.
+        background.cancel();
+        while tasks.join_next().await.is_some() {}
+        drop(rt);
+        let mut completer = completer;
+        if tokio::time::timeout(Duration::from_secs(10), &mut completer)
+            .await
+            .is_err()
+        {
+            abandon.cancel();
+            let _ = completer.await;
+        }
+        if let Err(e) = heartbeat::deregister(&pool, &self.worker_id).await {
+            tracing::warn!(error = %e, "could not deregister worker; it will be reaped as stale");
+        }
+        tracing::info!(worker_id = %self.worker_id, "queue engine stopped");
+        Ok(())
+    }
+}

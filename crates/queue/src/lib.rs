@@ -1,0 +1,52 @@
+//! Fairlane's PostgreSQL job queue.
+//!
+//! - Put work in with [`Client`] (or the free functions in [`insert`]), alone or inside your own
+//!   transaction; bulk loads use binary `COPY`; optional uniqueness among non-final jobs.
+//! - Work queues with an [`Engine`]: one producer per queue fills that queue's worker slots with
+//!   `FOR UPDATE SKIP LOCKED` fetches, woken by LISTEN/NOTIFY with polling as the fallback;
+//!   handlers run behind a [`Middleware`] chain with timeouts, panic capture and cancellation;
+//!   completions are persisted in batches, each guarded so no attempt is completed twice.
+//! - Dead workers are found by heartbeat and their jobs rescued; final jobs are cleaned after a
+//!   retention; both run once fleet-wide under a PostgreSQL lease ([`leader`]).
+//! - [`TransitionHook`] and [`FetchGate`] let other crates act inside the queue's transactions
+//!   (quota billing, per-user fairness).
+//!
+//! The schema lives in the workspace's `migrations/` folder; why it looks the way it does is in
+//! `docs/queue-storage.md`.
+
+pub mod backoff;
+pub mod client;
+mod completer;
+pub mod config;
+pub mod context;
+mod copy;
+pub mod engine;
+pub mod error;
+mod executor;
+pub mod handler;
+mod heartbeat;
+pub mod hooks;
+pub mod insert;
+pub mod job;
+pub mod leader;
+pub mod maintenance;
+pub mod metrics;
+pub mod middleware;
+pub mod notifier;
+pub mod outcome;
+mod producer;
+mod runtime;
+
+pub use backoff::RetryPolicy;
+pub use client::{CancelResult, Client};
+pub use common::{JobArgs, QueueName};
+pub use config::EngineConfig;
+pub use context::{CancelReason, JobContext};
+pub use engine::{Engine, EngineBuilder};
+pub use error::{BoxError, QueueError};
+pub use handler::{FnWorker, Worker, Workers};
+pub use hooks::{FetchGate, Transition, TransitionHook};
+pub use insert::{Inserted, NewJob};
+pub use job::{AttemptError, FailureKind, JobId, JobRow, JobState};
+pub use middleware::{Middleware, Next};
+pub use outcome::{JobError, JobOutcome, from_anyhow};

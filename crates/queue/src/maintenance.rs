@@ -1,0 +1,222 @@
+//! Fleet-wide upkeep, done only by the holder of the `queue-maintenance` lease:
+//!
+//! - promoter: due `scheduled`/`retryable` jobs become `available` (and their queues are notified);
+//! - rescuer: `running` jobs whose worker stopped heartbeating are made runnable again (or final if
+//!   out of attempts or cancel-requested), and dead worker rows are removed;
+//! - cleaner: final jobs past their retention are deleted, in batches.
+//!
+//! The rescuer only acts once this process has seen the database answer for a whole rescue window:
+//! after a database outage every worker's heartbeat is stale, and rescuing at once would re-run
+//! every job in flight.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::EngineConfig;
+use crate::error::QueueError;
+use crate::hooks::{Transition, TransitionHook, run_hooks};
+use crate::insert::INSERT_CHANNEL;
+use crate::leader::{LeaderHandle, duration_millis};
+use crate::runtime::Runtime;
+
+/// The lease name for queue maintenance.
+pub const MAINTENANCE_LEASE: &str = "queue-maintenance";
+const BATCH: i64 = 10_000;
+
+pub(crate) async fn run(rt: Arc<Runtime>, leader: LeaderHandle, shutdown: CancellationToken) {
+    let promote = periodic(
+        "promote",
+        rt.config.promote_interval,
+        leader.clone(),
+        shutdown.clone(),
+        {
+            let rt = Arc::clone(&rt);
+            move || {
+                let rt = Arc::clone(&rt);
+                async move { promote_due(&rt.pool).await.map(|_| ()) }
+            }
+        },
+    );
+    let rescue = periodic(
+        "rescue",
+        rt.config.rescue_interval,
+        leader.clone(),
+        shutdown.clone(),
+        {
+            let rt = Arc::clone(&rt);
+            move || {
+                let rt = Arc::clone(&rt);
+                async move {
+                    let settled = rt
+                        .db_health
+                        .healthy_for()
+                        .is_some_and(|d| d >= rt.config.rescue_after);
+                    if settled {
+                        rescue_dead_workers(&rt.pool, &rt.hooks, rt.config.rescue_after).await?;
+                    }
+                    Ok(())
+                }
+            }
+        },
+    );
+    let clean = periodic(
+        "clean",
+        rt.config.clean_interval,
+        leader,
+        shutdown,
+        move || {
+            let rt = Arc::clone(&rt);
+            async move { clean_finalized(&rt.pool, &rt.config).await.map(|_| ()) }
+        },
+    );
+    tokio::join!(promote, rescue, clean);
+}
+
+async fn periodic<F, Fut>(
+    name: &'static str,
+    every: Duration,
+    leader: LeaderHandle,
+    shutdown: CancellationToken,
+    task: F,
+) where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<(), QueueError>>,
+{
+    let mut ticker = tokio::time::interval(every);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        if !leader.is_leader() {
+            continue;
+        }
+        if let Err(e) = task().await {
+            tracing::warn!(task = name, error = %e, "queue maintenance failed");
+        }
+    }
+}
+
+/// Makes due scheduled and retryable jobs available; returns how many.
+pub async fn promote_due(pool: &PgPool) -> Result<u64, QueueError> {
+    let mut total = 0u64;
+    loop {
+        let (moved,): (i64,) = sqlx::query_as(
+            "WITH due AS ( \
+                 SELECT id FROM fairlane_job \
+                 WHERE state IN ('scheduled', 'retryable') AND scheduled_at <= now() \
+                 ORDER BY scheduled_at LIMIT $1 FOR UPDATE SKIP LOCKED), \
+             moved AS ( \
+                 UPDATE fairlane_job j SET state = 'available' FROM due WHERE j.id = due.id \
+                 RETURNING j.queue), \
+             notified AS ( \
+                 SELECT pg_notify($2, q.queue) FROM (SELECT DISTINCT queue FROM moved) q) \
+             SELECT (SELECT count(*) FROM moved) + 0 * (SELECT count(*) FROM notified)",
+        )
+        .bind(BATCH)
+        .bind(INSERT_CHANNEL)
+        .fetch_one(pool)
+        .await?;
+        let moved = u64::try_from(moved).unwrap_or(0);
+        total += moved;
+        if moved < BATCH as u64 {
+            return Ok(total);
+        }
+    }
+}
+
+/// Rescues running jobs whose worker has not heartbeated for `stale_after`; returns the
+/// transitions made.
+pub async fn rescue_dead_workers(
+    pool: &PgPool,
+    hooks: &[Arc<dyn TransitionHook>],
+    stale_after: Duration,
+) -> Result<Vec<Transition>, QueueError> {
+    let mut tx = pool.begin().await?;
+    let rescued: Vec<Transition> = sqlx::query_as(
+        "WITH stuck AS ( \
+             SELECT j.id FROM fairlane_job j \
+             WHERE j.state = 'running' AND NOT EXISTS ( \
+                 SELECT 1 FROM fairlane_worker w \
+                 WHERE w.id = j.attempted_by[cardinality(j.attempted_by)] \
+                   AND w.heartbeat_at > now() - $1 * interval '1 millisecond') \
+             FOR UPDATE SKIP LOCKED), \
+         decided AS ( \
+             SELECT j.id, CASE \
+                 WHEN (j.metadata ->> 'cancel_attempted_at') IS NOT NULL THEN 'cancelled' \
+                 WHEN j.attempt >= j.max_attempts THEN 'discarded' \
+                 ELSE 'available' END::fairlane_job_state AS next \
+             FROM fairlane_job j JOIN stuck USING (id)) \
+         UPDATE fairlane_job j SET \
+             state = d.next, \
+             finalized_at = CASE WHEN d.next = 'available' THEN NULL ELSE now() END, \
+             scheduled_at = CASE WHEN d.next = 'available' THEN now() ELSE j.scheduled_at END, \
+             errors = j.errors || jsonb_build_array(jsonb_build_object( \
+                 'attempt', j.attempt, 'at', now(), 'kind', 'rescued', \
+                 'error', 'worker ' || coalesce(j.attempted_by[cardinality(j.attempted_by)], '?') \
+                          || ' stopped heartbeating; job rescued')) \
+         FROM decided d WHERE j.id = d.id \
+         RETURNING j.id, j.queue, j.kind, j.user_id, j.state",
+    )
+    .bind(duration_millis(stale_after))
+    .fetch_all(&mut *tx)
+    .await?;
+    if !rescued.is_empty() {
+        run_hooks(hooks, &mut tx, &rescued).await?;
+        let queues: Vec<&str> = rescued.iter().map(|t| t.queue.as_str()).collect();
+        sqlx::query("SELECT pg_notify($1, q) FROM (SELECT DISTINCT unnest($2::text[]) q) d")
+            .bind(INSERT_CHANNEL)
+            .bind(&queues)
+            .execute(&mut *tx)
+            .await?;
+    }
+    let dead = sqlx::query(
+        "DELETE FROM fairlane_worker WHERE heartbeat_at < now() - $1 * interval '1 millisecond'",
+    )
+    .bind(duration_millis(stale_after))
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    if !rescued.is_empty() || dead.rows_affected() > 0 {
+        tracing::warn!(
+            jobs = rescued.len(),
+            workers = dead.rows_affected(),
+            "rescued jobs of workers that stopped heartbeating"
+        );
+    }
+    Ok(rescued)
+}
+
+/// Deletes final jobs older than their retention; returns how many.
+pub async fn clean_finalized(pool: &PgPool, config: &EngineConfig) -> Result<u64, QueueError> {
+    let mut total = 0u64;
+    loop {
+        let deleted = sqlx::query(
+            "DELETE FROM fairlane_job WHERE id IN ( \
+                 SELECT id FROM fairlane_job \
+                 WHERE finalized_at IS NOT NULL AND ( \
+                     (state = 'completed' AND finalized_at < now() - $1 * interval '1 millisecond') \
+                  OR (state = 'cancelled' AND finalized_at < now() - $2 * interval '1 millisecond') \
+                  OR (state = 'discarded' AND finalized_at < now() - $3 * interval '1 millisecond')) \
+                 LIMIT $4)",
+        )
+        .bind(duration_millis(config.retention_completed))
+        .bind(duration_millis(config.retention_cancelled))
+        .bind(duration_millis(config.retention_discarded))
+        .bind(BATCH)
+        .execute(pool)
+        .await?
+        .rows_affected();
+        total += deleted;
+        if deleted < BATCH as u64 {
+            if total > 0 {
+                tracing::info!(jobs = total, "cleaned finalized jobs past retention");
+            }
+            return Ok(total);
+        }
+    }
+}

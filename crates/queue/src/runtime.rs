@@ -1,0 +1,110 @@
+//! State shared by the tasks of one running engine: the jobs this process holds, the handler
+//! registry and middleware chain, the completion channel, and database health as seen from here.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::completer::Completion;
+use crate::config::EngineConfig;
+use crate::context::{CancelReason, JobControl};
+use crate::handler::Workers;
+use crate::hooks::{FetchGate, TransitionHook};
+use crate::job::JobId;
+use crate::metrics::QueueMetrics;
+use crate::middleware::Middleware;
+
+/// Jobs fetched by this process and not yet persisted as finished: running, or finished and
+/// waiting in the completer. The heartbeat hands back `running` rows of this worker that are not
+/// in here (their fetch result never arrived).
+#[derive(Debug, Default)]
+pub(crate) struct Inflight {
+    jobs: Mutex<HashMap<JobId, Arc<JobControl>>>,
+}
+
+impl Inflight {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<JobId, Arc<JobControl>>> {
+        self.jobs
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(crate) fn insert(&self, id: JobId, control: Arc<JobControl>) {
+        self.lock().insert(id, control);
+    }
+
+    pub(crate) fn remove(&self, id: JobId) {
+        self.lock().remove(&id);
+    }
+
+    pub(crate) fn ids(&self) -> Vec<JobId> {
+        self.lock().keys().copied().collect()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Tells one running job to stop; false if this process does not hold it.
+    pub(crate) fn cancel(&self, id: JobId, reason: CancelReason) -> bool {
+        let control = self.lock().get(&id).cloned();
+        match control {
+            Some(c) => {
+                c.cancel(reason);
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub(crate) fn cancel_all(&self, reason: CancelReason) {
+        let controls: Vec<_> = self.lock().values().cloned().collect();
+        for c in controls {
+            c.cancel(reason);
+        }
+    }
+}
+
+/// Since when the database has answered this process without interruption.
+#[derive(Debug, Default)]
+pub(crate) struct DbHealth {
+    healthy_since: Mutex<Option<Instant>>,
+}
+
+impl DbHealth {
+    pub(crate) fn record(&self, ok: bool) {
+        let mut since = self
+            .healthy_since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match (ok, *since) {
+            (true, None) => *since = Some(Instant::now()),
+            (false, _) => *since = None,
+            (true, Some(_)) => {}
+        }
+    }
+
+    /// How long the database has been reachable without a failure, as seen here.
+    pub(crate) fn healthy_for(&self) -> Option<std::time::Duration> {
+        self.healthy_since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .map(|s| s.elapsed())
+    }
+}
+
+pub(crate) struct Runtime {
+    pub(crate) pool: sqlx::PgPool,
+    pub(crate) worker_id: Arc<str>,
+    pub(crate) config: EngineConfig,
+    pub(crate) workers: Workers,
+    pub(crate) middleware: Arc<[Arc<dyn Middleware>]>,
+    pub(crate) hooks: Arc<[Arc<dyn TransitionHook>]>,
+    pub(crate) gate: Option<Arc<dyn FetchGate>>,
+    pub(crate) inflight: Arc<Inflight>,
+    pub(crate) completions: mpsc::Sender<Completion>,
+    pub(crate) metrics: QueueMetrics,
+    pub(crate) db_health: DbHealth,
+}

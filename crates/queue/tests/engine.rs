@@ -1,0 +1,582 @@
+//! The engine against real PostgreSQL, in one process: concurrency limits, every outcome, retries,
+//! snoozes, cancellation, wake-up latency, shutdown, lost connections.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use queue::{CancelResult, Client, FailureKind, JobError, JobState, NewJob, Workers};
+use support::*;
+use testkit::TestDb;
+
+#[tokio::test]
+async fn a_queue_never_runs_more_jobs_than_its_workers() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let current = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let mut workers = Workers::new();
+    {
+        let (current, peak) = (current.clone(), peak.clone());
+        workers.register_fn::<Sleep, _, _>(move |_ctx, args| {
+            let (current, peak) = (current.clone(), peak.clone());
+            async move {
+                let now = current.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(args.ms)).await;
+                current.fetch_sub(1, Ordering::SeqCst);
+                Ok(())
+            }
+        });
+    }
+    let jobs: Vec<_> = (0..60)
+        .map(|_| NewJob::new(q("limited"), &Sleep { ms: 20 }).unwrap())
+        .collect();
+    client.insert_many(jobs).await.unwrap();
+    let engine = start(&client, fast_config(), &[("limited", 4)], workers);
+    eventually(Duration::from_secs(20), "all jobs completed", || async {
+        (count_in_state(&db.pool, "completed").await == 60).then_some(())
+    })
+    .await;
+    engine.stop().await;
+    assert_eq!(
+        peak.load(Ordering::SeqCst),
+        4,
+        "the limit is reached and never exceeded"
+    );
+}
+
+#[tokio::test]
+async fn failures_back_off_then_discard_keeping_every_error_and_panics_do_not_kill_the_worker() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let mut workers = Workers::new();
+    workers.register_fn::<AlwaysFail, _, _>(|ctx, _| async move {
+        Err(JobError::msg(format!(
+            "attempt {} failed",
+            ctx.job().attempt
+        )))
+    });
+    workers.register_fn::<Panics, _, _>(|_, _| async move {
+        panic!("handler exploded");
+    });
+    workers.register_fn::<Noop, _, _>(|_, _| async move { Ok(()) });
+    let failing = client
+        .insert(NewJob::new(q("q"), &AlwaysFail {}).unwrap().max_attempts(4))
+        .await
+        .unwrap()
+        .job;
+    let panicking = client
+        .insert(NewJob::new(q("q"), &Panics {}).unwrap().max_attempts(2))
+        .await
+        .unwrap()
+        .job;
+    let mut config = fast_config();
+    config.retry.base = Duration::from_millis(100);
+    config.retry.jitter = 0.0;
+    let engine = start(&client, config, &[("q", 2)], workers);
+    let discarded = eventually(Duration::from_secs(20), "failing job discarded", || async {
+        let j = client.job(failing.id).await.unwrap().unwrap();
+        (j.state == JobState::Discarded).then_some(j)
+    })
+    .await;
+    let errors = discarded.attempt_errors();
+    assert_eq!(errors.len(), 4, "one error per attempt: {errors:?}");
+    for (i, e) in errors.iter().enumerate() {
+        assert_eq!(e.attempt, i as i16 + 1);
+        assert_eq!(e.error, format!("attempt {} failed", i + 1));
+        assert_eq!(e.kind, FailureKind::Error);
+    }
+    // Backoff grows: the gaps between attempts increase (100 ms, 200 ms, 400 ms, plus promotion).
+    let gaps: Vec<f64> = errors
+        .windows(2)
+        .map(|w| (w[1].at - w[0].at).as_seconds_f64())
+        .collect();
+    assert!(
+        gaps[0] >= 0.1 && gaps[1] >= 0.2 && gaps[2] >= 0.4,
+        "gaps {gaps:?}"
+    );
+    assert!(gaps[2] > gaps[0], "gaps {gaps:?}");
+
+    let panicked = eventually(
+        Duration::from_secs(20),
+        "panicking job discarded",
+        || async {
+            let j = client.job(panicking.id).await.unwrap().unwrap();
+            (j.state == JobState::Discarded).then_some(j)
+        },
+    )
+    .await;
+    let errors = panicked.attempt_errors();
+    assert_eq!(errors.len(), 2);
+    assert!(
+        errors
+            .iter()
+            .all(|e| e.kind == FailureKind::Panic && e.error.contains("handler exploded"))
+    );
+
+    // The worker survived both: it still runs new jobs.
+    let ok = client
+        .insert(NewJob::new(q("q"), &Noop {}).unwrap())
+        .await
+        .unwrap()
+        .job;
+    eventually(
+        Duration::from_secs(10),
+        "worker still runs jobs",
+        || async {
+            (client.job(ok.id).await.unwrap().unwrap().state == JobState::Completed).then_some(())
+        },
+    )
+    .await;
+    engine.stop().await;
+}
+
+#[tokio::test]
+async fn a_job_snoozed_a_hundred_times_with_three_attempts_still_completes() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let mut workers = Workers::new();
+    workers.register_fn::<SnoozeUntil, _, _>(|ctx, args| async move {
+        if ctx.job().snoozes() < args.times {
+            Err(JobError::Snooze(Duration::ZERO))
+        } else {
+            Ok(())
+        }
+    });
+    let job = client
+        .insert(
+            NewJob::new(q("snoozy"), &SnoozeUntil { times: 100 })
+                .unwrap()
+                .max_attempts(3),
+        )
+        .await
+        .unwrap()
+        .job;
+    let mut config = fast_config();
+    config.promote_interval = Duration::from_millis(10);
+    let engine = start(&client, config, &[("snoozy", 1)], workers);
+    let done = eventually(Duration::from_secs(60), "snoozed job completed", || async {
+        let j = client.job(job.id).await.unwrap().unwrap();
+        j.state.is_final().then_some(j)
+    })
+    .await;
+    engine.stop().await;
+    assert_eq!(done.state, JobState::Completed);
+    assert_eq!(done.snoozes(), 100);
+    assert_eq!(done.attempt, 1, "snoozes give their attempt back");
+    assert!(done.attempt_errors().is_empty());
+}
+
+#[tokio::test]
+async fn unknown_kinds_fail_clearly_and_follow_the_retry_rules() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let mut workers = Workers::new();
+    workers.register_fn::<Noop, _, _>(|_, _| async { Ok(()) });
+    let job = client
+        .insert(
+            NewJob::new(q("q"), &Unregistered {})
+                .unwrap()
+                .max_attempts(2),
+        )
+        .await
+        .unwrap()
+        .job;
+    let engine = start(&client, fast_config(), &[("q", 1)], workers);
+    let done = eventually(
+        Duration::from_secs(10),
+        "unknown kind discarded",
+        || async {
+            let j = client.job(job.id).await.unwrap().unwrap();
+            (j.state == JobState::Discarded).then_some(j)
+        },
+    )
+    .await;
+    engine.stop().await;
+    let errors = done.attempt_errors();
+    assert_eq!(errors.len(), 2);
+    assert_eq!(errors[0].kind, FailureKind::UnknownKind);
+    assert!(
+        errors[0]
+            .error
+            .contains("no handler is registered for job kind `unregistered`")
+            && errors[0].error.contains("noop"),
+        "{}",
+        errors[0].error
+    );
+}
+
+#[tokio::test]
+async fn timeouts_are_failures_and_invalid_arguments_are_reported() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let mut workers = Workers::new();
+    workers.register::<Sleep, _>(
+        queue::FnWorker::new(|_ctx, args: Sleep| async move {
+            tokio::time::sleep(Duration::from_millis(args.ms)).await;
+            Ok(())
+        })
+        .with_timeout(Duration::from_millis(100)),
+    );
+    let slow = client
+        .insert(
+            NewJob::new(q("q"), &Sleep { ms: 5_000 })
+                .unwrap()
+                .max_attempts(1),
+        )
+        .await
+        .unwrap()
+        .job;
+    let garbled = client
+        .insert(
+            NewJob::from_json("sleep", q("q"), serde_json::json!({"ms": "soon"}))
+                .unwrap()
+                .max_attempts(1),
+        )
+        .await
+        .unwrap()
+        .job;
+    let engine = start(&client, fast_config(), &[("q", 2)], workers);
+    for (id, kind, needle) in [
+        (slow.id, FailureKind::Timeout, "timed out after 100ms"),
+        (garbled.id, FailureKind::InvalidArgs, "do not decode"),
+    ] {
+        let done = eventually(Duration::from_secs(10), "job discarded", || async {
+            let j = client.job(id).await.unwrap().unwrap();
+            (j.state == JobState::Discarded).then_some(j)
+        })
+        .await;
+        let e = &done.attempt_errors()[0];
+        assert_eq!(e.kind, kind);
+        assert!(e.error.contains(needle), "{}", e.error);
+    }
+    engine.stop().await;
+}
+
+#[tokio::test]
+async fn cancel_stops_running_jobs_and_cancels_waiting_ones() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let started = Arc::new(tokio::sync::Notify::new());
+    let mut workers = Workers::new();
+    {
+        let started = started.clone();
+        workers.register_fn::<Sleep, _, _>(move |ctx, args| {
+            let started = started.clone();
+            async move {
+                started.notify_one();
+                tokio::select! {
+                    () = ctx.cancelled() => Err(JobError::msg("stopped early")),
+                    () = tokio::time::sleep(Duration::from_millis(args.ms)) => Ok(()),
+                }
+            }
+        });
+    }
+    let running = client
+        .insert(NewJob::new(q("q"), &Sleep { ms: 60_000 }).unwrap())
+        .await
+        .unwrap()
+        .job;
+    let waiting = client
+        .insert(
+            NewJob::new(q("q"), &Sleep { ms: 1 })
+                .unwrap()
+                .scheduled_at(chrono::Utc::now() + chrono::Duration::hours(1)),
+        )
+        .await
+        .unwrap()
+        .job;
+    let engine = start(&client, fast_config(), &[("q", 1)], workers);
+    tokio::time::timeout(Duration::from_secs(10), started.notified())
+        .await
+        .expect("job started");
+    assert!(matches!(
+        client.cancel(running.id).await.unwrap(),
+        Some(CancelResult::Requested(_))
+    ));
+    let done = eventually(Duration::from_secs(10), "running job cancelled", || async {
+        let j = client.job(running.id).await.unwrap().unwrap();
+        j.state.is_final().then_some(j)
+    })
+    .await;
+    assert_eq!(done.state, JobState::Cancelled);
+
+    match client.cancel(waiting.id).await.unwrap() {
+        Some(CancelResult::Cancelled(j)) => assert_eq!(j.state, JobState::Cancelled),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        client.cancel(waiting.id).await.unwrap(),
+        Some(CancelResult::AlreadyFinal(_))
+    ));
+    assert!(client.cancel(999_999).await.unwrap().is_none());
+    engine.stop().await;
+}
+
+#[tokio::test]
+async fn notify_wakes_an_idle_queue_long_before_its_poll_interval() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut workers = Workers::new();
+    workers.register_fn::<Tag, _, _>(move |ctx, _| {
+        let tx = tx.clone();
+        async move {
+            let wait = chrono::Utc::now() - ctx.job().created_at;
+            let _ = tx.send(wait.as_seconds_f64());
+            Ok(())
+        }
+    });
+    let mut config = fast_config();
+    config.poll_interval = Duration::from_secs(5);
+    let engine = start(&client, config, &[("idle", 2)], workers);
+    tokio::time::sleep(Duration::from_millis(300)).await; // let it go idle
+    let mut latencies = Vec::new();
+    for n in 0..20 {
+        client
+            .insert(NewJob::new(q("idle"), &Tag { n }).unwrap())
+            .await
+            .unwrap();
+        let seconds = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("job started")
+            .unwrap();
+        latencies.push(seconds);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    engine.stop().await;
+    latencies.sort_by(f64::total_cmp);
+    let median = latencies[10];
+    assert!(
+        median < 0.1,
+        "median insert-to-start {median:.4}s with a 5 s poll interval: {latencies:?}"
+    );
+}
+
+#[tokio::test]
+async fn shutdown_lets_jobs_finish_and_hands_back_those_past_the_deadline() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let mut workers = Workers::new();
+    workers.register_fn::<Sleep, _, _>(|ctx, args| async move {
+        tokio::select! {
+            () = ctx.cancelled() => Err(JobError::msg("interrupted")),
+            () = tokio::time::sleep(Duration::from_millis(args.ms)) => Ok(()),
+        }
+    });
+    let quick = client
+        .insert(NewJob::new(q("q"), &Sleep { ms: 500 }).unwrap())
+        .await
+        .unwrap()
+        .job;
+    let slow = client
+        .insert(NewJob::new(q("q"), &Sleep { ms: 60_000 }).unwrap())
+        .await
+        .unwrap()
+        .job;
+    let mut config = fast_config();
+    config.shutdown_timeout = Duration::from_secs(1);
+    let engine = start(&client, config, &[("q", 2)], workers);
+    eventually(Duration::from_secs(10), "both running", || async {
+        (count_in_state(&db.pool, "running").await == 2).then_some(())
+    })
+    .await;
+    let later = client
+        .insert(NewJob::new(q("q"), &Sleep { ms: 1 }).unwrap())
+        .await
+        .unwrap()
+        .job;
+    engine.stop().await;
+    let quick = client.job(quick.id).await.unwrap().unwrap();
+    let slow = client.job(slow.id).await.unwrap().unwrap();
+    let later = client.job(later.id).await.unwrap().unwrap();
+    assert_eq!(
+        quick.state,
+        JobState::Completed,
+        "finished within the deadline"
+    );
+    assert_eq!(
+        slow.state,
+        JobState::Available,
+        "handed back for another worker"
+    );
+    assert_eq!(slow.attempt, 0, "the interrupted attempt does not count");
+    assert_eq!(slow.attempt_errors()[0].kind, FailureKind::Interrupted);
+    assert_eq!(
+        later.state,
+        JobState::Available,
+        "nothing new fetched after shutdown"
+    );
+    let workers_left: i64 = sqlx::query_scalar("SELECT count(*) FROM fairlane_worker")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(workers_left, 0, "the worker deregistered");
+}
+
+#[tokio::test]
+async fn lost_database_connections_lose_and_double_nothing() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    sqlx::query("CREATE TABLE runs (job_id bigint NOT NULL, attempt int NOT NULL)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let log_pool = db.pool_with(4).await;
+    let mut workers = Workers::new();
+    workers.register_fn::<Sleep, _, _>(move |ctx, args| {
+        let log_pool = log_pool.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(args.ms)).await;
+            sqlx::query("INSERT INTO runs VALUES ($1, $2)")
+                .bind(ctx.id())
+                .bind(i32::from(ctx.job().attempt))
+                .execute(&log_pool)
+                .await
+                .map_err(JobError::from)?;
+            Ok(())
+        }
+    });
+    let jobs: Vec<_> = (0..400)
+        .map(|_| NewJob::new(q("q"), &Sleep { ms: 5 }).unwrap())
+        .collect();
+    client.insert_many(jobs).await.unwrap();
+    let engine = start(&client, fast_config(), &[("q", 8)], workers);
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        db.terminate_connections().await;
+    }
+    eventually(Duration::from_secs(60), "all 400 completed", || async {
+        let n: Option<i64> =
+            sqlx::query_scalar("SELECT count(*) FROM fairlane_job WHERE state = 'completed'")
+                .fetch_one(&db.pool)
+                .await
+                .ok();
+        (n == Some(400)).then_some(())
+    })
+    .await;
+    engine.stop().await;
+    let not_final: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM fairlane_job WHERE state <> 'completed'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(not_final, 0);
+    // A job may run again if its first run's completion was lost with a connection, but a job is
+    // never completed twice: each completed job has exactly one successful attempt recorded as
+    // its final attempt.
+    let mismatched: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM fairlane_job j WHERE NOT EXISTS \
+         (SELECT 1 FROM runs r WHERE r.job_id = j.id AND r.attempt = j.attempt)",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(mismatched, 0);
+}
+
+#[tokio::test]
+async fn jobs_of_a_worker_that_stopped_heartbeating_are_rescued() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    // A worker that died: its row is stale and its job is still marked running.
+    sqlx::query(
+        "INSERT INTO fairlane_worker (id, hostname, pid, heartbeat_at) \
+         VALUES ('dead-worker', 'h', 1, now() - interval '1 hour')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let orphan = client
+        .insert(NewJob::new(q("q"), &Noop {}).unwrap())
+        .await
+        .unwrap()
+        .job;
+    let exhausted = client
+        .insert(NewJob::new(q("q"), &Noop {}).unwrap().max_attempts(1))
+        .await
+        .unwrap()
+        .job;
+    sqlx::query(
+        "UPDATE fairlane_job SET state = 'running', attempt = 1, attempted_at = now(), \
+         attempted_by = '{dead-worker}' WHERE id = ANY($1)",
+    )
+    .bind(vec![orphan.id, exhausted.id])
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let mut workers = Workers::new();
+    workers.register_fn::<Noop, _, _>(|_, _| async { Ok(()) });
+    let engine = start(&client, fast_config(), &[("q", 1)], workers);
+    let rescued = eventually(
+        Duration::from_secs(15),
+        "orphan rescued and run",
+        || async {
+            let j = client.job(orphan.id).await.unwrap().unwrap();
+            (j.state == JobState::Completed).then_some(j)
+        },
+    )
+    .await;
+    let exhausted = client.job(exhausted.id).await.unwrap().unwrap();
+    engine.stop().await;
+    assert_eq!(rescued.attempt_errors()[0].kind, FailureKind::Rescued);
+    assert!(rescued.attempt_errors()[0].error.contains("dead-worker"));
+    assert_eq!(exhausted.state, JobState::Discarded, "no attempts left");
+    let dead: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM fairlane_worker WHERE id = 'dead-worker'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(dead, 0, "dead worker row reaped");
+}
+
+#[tokio::test]
+async fn cleaner_deletes_final_jobs_past_retention_only() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        ids.push(
+            client
+                .insert(NewJob::new(q("q"), &Noop {}).unwrap())
+                .await
+                .unwrap()
+                .job
+                .id,
+        );
+    }
+    // old completed, old cancelled, recent completed, still available
+    sqlx::query(
+        "UPDATE fairlane_job SET state = 'completed', finalized_at = now() - interval '25 hours' WHERE id = $1;",
+    )
+    .bind(ids[0])
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE fairlane_job SET state = 'cancelled', finalized_at = now() - interval '2 days' WHERE id = $1",
+    )
+    .bind(ids[1])
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE fairlane_job SET state = 'completed', finalized_at = now() - interval '1 hour' WHERE id = $1",
+    )
+    .bind(ids[2])
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let deleted = queue::maintenance::clean_finalized(&db.pool, &queue::EngineConfig::default())
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1, "only the completed job older than 24 h");
+    let left: Vec<i64> = sqlx::query_scalar("SELECT id FROM fairlane_job ORDER BY id")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, ids[1..].to_vec(), "cancelled jobs are kept 7 days");
+}

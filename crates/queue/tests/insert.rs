@@ -1,0 +1,203 @@
+//! Inserting jobs: transactions, uniqueness under concurrency, batches and bulk COPY.
+
+mod support;
+
+use queue::{Client, JobState, NewJob, insert};
+use support::{Noop, Tag, q};
+use testkit::TestDb;
+
+#[tokio::test]
+async fn rolled_back_insert_leaves_no_job_and_committed_one_exists() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+
+    let mut tx = db.pool.begin().await.unwrap();
+    let inserted = client
+        .insert_tx(&mut tx, NewJob::new(q("default"), &Noop {}).unwrap())
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert!(client.job(inserted.job.id).await.unwrap().is_none());
+
+    let mut tx = db.pool.begin().await.unwrap();
+    let inserted = client
+        .insert_tx(&mut tx, NewJob::new(q("default"), &Noop {}).unwrap())
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let job = client.job(inserted.job.id).await.unwrap().unwrap();
+    assert_eq!(job.state, JobState::Available);
+    assert_eq!(job.kind, "noop");
+}
+
+#[tokio::test]
+async fn fifty_concurrent_inserts_with_one_unique_key_make_one_job() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(50));
+    let mut tasks = Vec::new();
+    for n in 0..50 {
+        let client = client.clone();
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            let job = NewJob::new(q("default"), &Tag { n })
+                .unwrap()
+                .unique_key("repo:42");
+            barrier.wait().await;
+            client.insert(job).await.unwrap()
+        }));
+    }
+    let mut results = Vec::new();
+    for t in tasks {
+        results.push(t.await.unwrap());
+    }
+    let fresh: Vec<_> = results.iter().filter(|r| !r.duplicate).collect();
+    assert_eq!(fresh.len(), 1, "exactly one insert wins");
+    let id = fresh[0].job.id;
+    assert!(
+        results.iter().all(|r| r.job.id == id),
+        "every duplicate reports the winning job"
+    );
+    let total: i64 = sqlx::query_scalar("SELECT count(*) FROM fairlane_job")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(total, 1);
+}
+
+#[tokio::test]
+async fn unique_key_is_free_again_once_the_job_is_final() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let first = client
+        .insert(NewJob::new(q("default"), &Noop {}).unwrap().unique_key("k"))
+        .await
+        .unwrap();
+    client.cancel(first.job.id).await.unwrap();
+    let second = client
+        .insert(NewJob::new(q("default"), &Noop {}).unwrap().unique_key("k"))
+        .await
+        .unwrap();
+    assert!(!second.duplicate);
+    assert_ne!(second.job.id, first.job.id);
+}
+
+#[tokio::test]
+async fn insert_many_keeps_order_and_reports_duplicates_within_the_batch() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let jobs = vec![
+        NewJob::new(q("a"), &Tag { n: 0 }).unwrap(),
+        NewJob::new(q("a"), &Tag { n: 1 }).unwrap().unique_key("u"),
+        NewJob::new(q("b"), &Tag { n: 2 }).unwrap(),
+        NewJob::new(q("a"), &Tag { n: 3 }).unwrap().unique_key("u"),
+        NewJob::new(q("a"), &Tag { n: 4 })
+            .unwrap()
+            .scheduled_at(chrono::Utc::now() + chrono::Duration::hours(1)),
+    ];
+    let results = client.insert_many(jobs).await.unwrap();
+    let ns: Vec<u64> = results
+        .iter()
+        .map(|r| r.job.args["n"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        ns,
+        [0, 1, 2, 1, 4],
+        "results in input order; duplicate shows the holder"
+    );
+    assert_eq!(
+        results.iter().map(|r| r.duplicate).collect::<Vec<_>>(),
+        [false, false, false, true, false]
+    );
+    assert_eq!(results[2].job.queue, "b");
+    assert_eq!(results[4].job.state, JobState::Scheduled);
+}
+
+#[tokio::test]
+async fn bulk_copy_writes_every_job_with_its_fields() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let later = chrono::Utc::now() + chrono::Duration::minutes(5);
+    let jobs: Vec<NewJob> = (0..5000)
+        .map(|n| {
+            let job = NewJob::new(q("bulk"), &Tag { n })
+                .unwrap()
+                .priority(((n % 4) + 1) as i16)
+                .max_attempts(7)
+                .metadata("batch", serde_json::json!("b1"));
+            if n % 10 == 0 {
+                job.scheduled_at(later)
+            } else {
+                job
+            }
+        })
+        .collect();
+    assert_eq!(client.insert_bulk(&jobs).await.unwrap(), 5000);
+    let rows: Vec<(i64, String, i16, i16, serde_json::Value)> = sqlx::query_as(
+        "SELECT (args->>'n')::int8, state::text, priority, max_attempts, metadata \
+         FROM fairlane_job ORDER BY (args->>'n')::int8",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 5000);
+    for (n, state, priority, max_attempts, metadata) in rows {
+        assert_eq!(priority, ((n % 4) + 1) as i16);
+        assert_eq!(max_attempts, 7);
+        assert_eq!(metadata["batch"], "b1");
+        let want = if n % 10 == 0 {
+            "scheduled"
+        } else {
+            "available"
+        };
+        assert_eq!(state, want, "job {n}");
+    }
+}
+
+#[tokio::test]
+async fn bulk_copy_refuses_unique_keys_and_changes_nothing() {
+    let db = TestDb::new().await;
+    let mut conn = db.pool.acquire().await.unwrap();
+    let jobs = vec![
+        NewJob::new(q("bulk"), &Noop {}).unwrap(),
+        NewJob::new(q("bulk"), &Noop {}).unwrap().unique_key("x"),
+    ];
+    let err = insert::insert_bulk(&mut conn, &jobs).await.unwrap_err();
+    assert!(err.to_string().contains("unique keys"), "{err}");
+    let total: i64 = sqlx::query_scalar("SELECT count(*) FROM fairlane_job")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(total, 0);
+}
+
+#[tokio::test]
+async fn invalid_jobs_are_refused_before_touching_the_database() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let bad = NewJob::new(q("a"), &Noop {}).unwrap().priority(9);
+    let err = client.insert(bad).await.unwrap_err();
+    assert!(err.to_string().contains("priority"), "{err}");
+}
+
+#[tokio::test]
+async fn user_id_is_indexed_from_the_arguments() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let job = NewJob::from_json(
+        "x",
+        q("a"),
+        serde_json::json!({"user_id": "7d6f0a48-1f5e-4f3e-9d7e-0c6c1e4f7b10"}),
+    )
+    .unwrap();
+    let inserted = client.insert(job).await.unwrap();
+    assert_eq!(
+        inserted.job.user_id.as_deref(),
+        Some("7d6f0a48-1f5e-4f3e-9d7e-0c6c1e4f7b10")
+    );
+    let system = client
+        .insert(NewJob::new(q("a"), &Noop {}).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(system.job.user_id, None);
+}

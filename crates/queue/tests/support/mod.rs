@@ -1,0 +1,125 @@
+//! Shared helpers for the queue's integration tests: fast engine settings, test job kinds, polling.
+
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
+
+use std::future::Future;
+use std::time::Duration;
+
+use queue::{Client, Engine, EngineConfig, QueueName, RetryPolicy, Workers};
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// Engine settings that exercise every path in milliseconds instead of seconds.
+pub fn fast_config() -> EngineConfig {
+    EngineConfig {
+        poll_interval: Duration::from_millis(200),
+        fetch_cooldown: Duration::from_millis(1),
+        heartbeat_interval: Duration::from_millis(200),
+        rescue_after: Duration::from_millis(1000),
+        orphan_grace: Duration::from_millis(500),
+        promote_interval: Duration::from_millis(50),
+        rescue_interval: Duration::from_millis(200),
+        clean_interval: Duration::from_millis(200),
+        leader_ttl: Duration::from_millis(1000),
+        cancel_grace: Duration::from_millis(300),
+        shutdown_timeout: Duration::from_secs(2),
+        job_timeout: Duration::from_secs(30),
+        retry: RetryPolicy {
+            base: Duration::from_millis(10),
+            factor: 2.0,
+            max: Duration::from_secs(1),
+            jitter: 0.1,
+        },
+        ..EngineConfig::default()
+    }
+}
+
+pub fn q(name: &str) -> QueueName {
+    QueueName::new(name).unwrap()
+}
+
+/// A running engine that is shut down (and awaited) by `stop`.
+pub struct Running {
+    pub shutdown: CancellationToken,
+    pub handle: JoinHandle<Result<(), queue::QueueError>>,
+    pub worker_id: String,
+}
+
+impl Running {
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(30), self.handle)
+            .await
+            .expect("engine did not stop within 30 s")
+            .expect("engine task panicked")
+            .expect("engine returned an error");
+    }
+}
+
+pub fn start(
+    client: &Client,
+    config: EngineConfig,
+    queues: &[(&str, usize)],
+    workers: Workers,
+) -> Running {
+    let mut builder = Engine::builder(client.clone())
+        .name("test")
+        .config(config)
+        .workers(workers);
+    for (name, n) in queues {
+        builder = builder.queue(q(name), *n);
+    }
+    let engine = builder.build().unwrap();
+    let worker_id = engine.worker_id().to_owned();
+    let shutdown = CancellationToken::new();
+    let handle = tokio::spawn(engine.run(shutdown.clone()));
+    Running {
+        shutdown,
+        handle,
+        worker_id,
+    }
+}
+
+/// Polls `check` until it returns `Some`, or panics after `timeout` with `what`.
+pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub async fn count_in_state(pool: &sqlx::PgPool, state: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM fairlane_job WHERE state::text = $1")
+        .bind(state)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+macro_rules! job_args {
+    ($name:ident, $kind:literal { $($field:ident : $ty:ty),* $(,)? }) => {
+        #[derive(Debug, Clone, Serialize, Deserialize)]
+        pub struct $name { $(pub $field: $ty),* }
+        impl queue::JobArgs for $name { const KIND: &'static str = $kind; }
+    };
+}
+
+job_args!(Noop, "noop" {});
+job_args!(Sleep, "sleep" { ms: u64 });
+job_args!(AlwaysFail, "always_fail" {});
+job_args!(Panics, "panics" {});
+job_args!(SnoozeUntil, "snooze_until" { times: i64 });
+job_args!(Unregistered, "unregistered" {});
+job_args!(Tag, "tag" { n: u64 });
