@@ -156,10 +156,10 @@ impl PrometheusType {
 /// `("fairlane.jobs", "{job}", Counter)` → `fairlane_jobs_total`.
 pub fn prometheus_name(name: &str, unit: &str, kind: PrometheusType) -> String {
     let mut base = sanitize_name(name);
-    if kind == PrometheusType::Counter {
-        if let Some(stripped) = base.strip_suffix("_total") {
-            base.truncate(stripped.len());
-        }
+    if kind == PrometheusType::Counter
+        && let Some(stripped) = base.strip_suffix("_total")
+    {
+        base.truncate(stripped.len());
     }
     if let Some(suffix) = unit_suffix(unit, kind) {
         let already = base == suffix || base.ends_with(&format!("_{suffix}"));

@@ -125,6 +125,22 @@ impl Drop for TelemetryGuard {
     }
 }
 
+/// The `tracing` filter for `directives`. The OpenTelemetry SDK's own diagnostics (provider set,
+/// export failed, ...) are capped at `warn` unless the directives name an `opentelemetry` target.
+fn log_filter(directives: &str) -> Result<EnvFilter, TelemetryError> {
+    let mut effective = directives.trim().to_owned();
+    if !effective.contains("opentelemetry") {
+        if !effective.is_empty() {
+            effective.push(',');
+        }
+        effective.push_str("opentelemetry=warn");
+    }
+    EnvFilter::try_new(&effective).map_err(|source| TelemetryError::LogFilter {
+        filter: directives.to_owned(),
+        source,
+    })
+}
+
 /// Checks that the endpoint is an `http://` URL with a host, returning it without trailing `/`.
 fn validate_endpoint(endpoint: &str) -> Result<String, TelemetryError> {
     let uri: http::Uri = endpoint
@@ -153,11 +169,7 @@ fn validate_endpoint(endpoint: &str) -> Result<String, TelemetryError> {
 /// Instruments must be created after `init` (a `Meter` taken from `opentelemetry::global`
 /// before it stays a no-op).
 pub fn init(config: &TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> {
-    let filter =
-        EnvFilter::try_new(&config.rust_log).map_err(|source| TelemetryError::LogFilter {
-            filter: config.rust_log.clone(),
-            source,
-        })?;
+    let filter = log_filter(&config.rust_log)?;
     let endpoint = config.otlp_endpoint().map(validate_endpoint).transpose()?;
 
     let service_instance_id = uuid::Uuid::new_v4().to_string();
@@ -279,6 +291,24 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn sdk_diagnostics_are_capped_at_warn_unless_asked_for() {
+        assert_eq!(
+            log_filter("info").unwrap().to_string(),
+            "opentelemetry=warn,info"
+        );
+        assert_eq!(
+            log_filter("debug,opentelemetry_sdk=debug")
+                .unwrap()
+                .to_string(),
+            "opentelemetry_sdk=debug,debug"
+        );
+        assert!(matches!(
+            log_filter("info,fairlane=loud"),
+            Err(TelemetryError::LogFilter { filter, .. }) if filter == "info,fairlane=loud"
+        ));
     }
 
     #[test]
