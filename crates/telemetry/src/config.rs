@@ -1,0 +1,148 @@
+//! The telemetry settings a binary embeds in its layered configuration.
+//!
+//! Field names follow the house rule (lower-case form of the environment variable that sets
+//! them), so the standard variables `RUST_LOG`, `OTEL_SERVICE_NAME`,
+//! `OTEL_EXPORTER_OTLP_ENDPOINT` and `OTEL_EXPORTER_OTLP_PROTOCOL` work unchanged when a binary
+//! puts this struct into its own config with `#[serde(flatten)]`.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// How log lines are written to standard output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One JSON object per line (production).
+    #[default]
+    Json,
+    /// Multi-line, human-oriented output (development).
+    Pretty,
+}
+
+/// The OTLP transport. Only OTLP over HTTP with protobuf bodies is built in; `grpc` and
+/// `http/json` are refused when the configuration is read, so a wrong setting fails at startup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum OtlpProtocol {
+    /// `http/protobuf`: `POST {endpoint}/v1/traces` and `/v1/metrics`, protobuf bodies.
+    #[default]
+    #[serde(rename = "http/protobuf")]
+    HttpProtobuf,
+}
+
+/// Everything [`crate::init`] needs. Plain data: binaries set the defaults that suit them
+/// (service name and version) and let file and environment override the rest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TelemetryConfig {
+    /// `service.name` resource attribute (env `OTEL_SERVICE_NAME`), e.g. `fairlane-web`.
+    pub otel_service_name: String,
+    /// `service.version` resource attribute (env `SERVICE_VERSION`); binaries default it to
+    /// their `CARGO_PKG_VERSION`.
+    pub service_version: String,
+    /// Log line format (env `LOG_FORMAT`: `json` or `pretty`).
+    pub log_format: LogFormat,
+    /// `tracing` filter directives in `RUST_LOG` syntax (env `RUST_LOG`). It filters spans too:
+    /// a span filtered out here is neither logged nor exported nor propagated.
+    pub rust_log: String,
+    /// Base URL of the OTLP/HTTP collector, e.g. `http://otel-collector:4318` (env
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT`). Unset or empty: traces and metrics are not pushed
+    /// (Prometheus `/metrics` and trace propagation still work). Only `http://` is supported.
+    pub otel_exporter_otlp_endpoint: Option<String>,
+    /// OTLP transport (env `OTEL_EXPORTER_OTLP_PROTOCOL`); only `http/protobuf`.
+    pub otel_exporter_otlp_protocol: OtlpProtocol,
+    /// Deadline of one OTLP export request including retries (env `OTLP_EXPORT_TIMEOUT`,
+    /// humantime, e.g. `5s`). It also bounds how long shutdown waits for the collector.
+    #[serde(with = "humantime_serde")]
+    pub otlp_export_timeout: Duration,
+    /// How often metrics are pushed over OTLP (env `METRICS_EXPORT_INTERVAL`, humantime).
+    #[serde(with = "humantime_serde")]
+    pub metrics_export_interval: Duration,
+}
+
+impl Default for TelemetryConfig {
+    fn default() -> Self {
+        TelemetryConfig {
+            otel_service_name: "fairlane".to_owned(),
+            service_version: env!("CARGO_PKG_VERSION").to_owned(),
+            log_format: LogFormat::Json,
+            rust_log: "info".to_owned(),
+            otel_exporter_otlp_endpoint: None,
+            otel_exporter_otlp_protocol: OtlpProtocol::HttpProtobuf,
+            otlp_export_timeout: Duration::from_secs(5),
+            metrics_export_interval: Duration::from_secs(30),
+        }
+    }
+}
+
+impl TelemetryConfig {
+    /// Defaults for the named service at the given version, e.g.
+    /// `TelemetryConfig::for_service("fairlane-web", env!("CARGO_PKG_VERSION"))`.
+    pub fn for_service(name: impl Into<String>, version: impl Into<String>) -> Self {
+        TelemetryConfig {
+            otel_service_name: name.into(),
+            service_version: version.into(),
+            ..TelemetryConfig::default()
+        }
+    }
+
+    /// The configured collector base URL without trailing slashes, if one is set and non-blank.
+    pub fn otlp_endpoint(&self) -> Option<&str> {
+        self.otel_exporter_otlp_endpoint
+            .as_deref()
+            .map(|e| e.trim().trim_end_matches('/'))
+            .filter(|e| !e.is_empty())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_json_info_and_no_exporter() {
+        let c = TelemetryConfig::default();
+        assert_eq!(c.log_format, LogFormat::Json);
+        assert_eq!(c.rust_log, "info");
+        assert_eq!(c.otlp_endpoint(), None);
+        assert_eq!(c.otel_exporter_otlp_protocol, OtlpProtocol::HttpProtobuf);
+    }
+
+    #[test]
+    fn serde_round_trip_uses_wire_names() {
+        let c = TelemetryConfig {
+            otel_exporter_otlp_endpoint: Some("http://collector:4318/".into()),
+            log_format: LogFormat::Pretty,
+            ..TelemetryConfig::for_service("fairlane-web", "1.2.3")
+        };
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(v["otel_exporter_otlp_protocol"], "http/protobuf");
+        assert_eq!(v["log_format"], "pretty");
+        assert_eq!(v["metrics_export_interval"], "30s");
+        assert_eq!(v["otlp_export_timeout"], "5s");
+        let back: TelemetryConfig = serde_json::from_value(v).unwrap();
+        assert_eq!(back, c);
+        assert_eq!(back.otlp_endpoint(), Some("http://collector:4318"));
+    }
+
+    #[test]
+    fn unsupported_protocols_are_refused_by_name() {
+        for bad in ["grpc", "http/json"] {
+            let err = serde_json::from_value::<TelemetryConfig>(
+                serde_json::json!({ "otel_exporter_otlp_protocol": bad }),
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains("http/protobuf"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn blank_endpoint_means_no_exporter() {
+        let c = TelemetryConfig {
+            otel_exporter_otlp_endpoint: Some("  ".into()),
+            ..TelemetryConfig::default()
+        };
+        assert_eq!(c.otlp_endpoint(), None);
+    }
+}
