@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::RetryPolicy;
+use crate::context::JobContext;
 use crate::error::QueueError;
 use crate::hooks::{Transition, TransitionHook, run_hooks};
 use crate::insert::INSERT_CHANNEL;
@@ -41,16 +42,21 @@ impl Resolution {
     }
 }
 
-/// One finished attempt, waiting to be persisted.
+/// One finished attempt, waiting to be persisted. Holds the job's context (shared, not copied).
 #[derive(Debug, Clone)]
 pub(crate) struct Completion {
-    pub(crate) id: JobId,
-    pub(crate) attempt: i16,
-    pub(crate) max_attempts: i16,
-    pub(crate) queue: String,
-    pub(crate) kind: String,
+    pub(crate) job: JobContext,
     pub(crate) resolution: Resolution,
     pub(crate) output: Option<serde_json::Value>,
+}
+
+impl Completion {
+    fn id(&self) -> JobId {
+        self.job.id()
+    }
+    fn attempt(&self) -> i16 {
+        self.job.job().attempt
+    }
 }
 
 pub(crate) struct Completer {
@@ -59,40 +65,91 @@ pub(crate) struct Completer {
     pub(crate) hooks: Arc<[Arc<dyn TransitionHook>]>,
     pub(crate) retry: RetryPolicy,
     pub(crate) batch_size: usize,
+    /// Batches persisted at once: while one transaction commits, the next is already running.
+    pub(crate) concurrency: usize,
     pub(crate) metrics: QueueMetrics,
     pub(crate) inflight: Arc<Inflight>,
     /// Fired when the process gives up on persisting (hard shutdown with the database away).
     pub(crate) abandon: CancellationToken,
 }
 
+/// The part of the completer that persisting tasks share.
+struct Persister {
+    pool: PgPool,
+    hooks: Arc<[Arc<dyn TransitionHook>]>,
+    retry: RetryPolicy,
+    metrics: QueueMetrics,
+    inflight: Arc<Inflight>,
+    abandon: CancellationToken,
+}
+
 impl Completer {
-    pub(crate) async fn run(mut self) {
-        let mut batch = Vec::with_capacity(self.batch_size);
+    pub(crate) async fn run(self) {
+        let Completer {
+            pool,
+            mut rx,
+            hooks,
+            retry,
+            batch_size,
+            concurrency,
+            metrics,
+            inflight,
+            abandon,
+        } = self;
+        let persister = Arc::new(Persister {
+            pool,
+            hooks,
+            retry,
+            metrics,
+            inflight,
+            abandon,
+        });
+        let mut running = tokio::task::JoinSet::new();
+        let mut abandoned = false;
         loop {
-            batch.clear();
-            if self.rx.recv_many(&mut batch, self.batch_size).await == 0 {
-                return;
-            }
-            if !self.persist_until_done(&batch).await {
-                tracing::error!(
-                    jobs = batch.len(),
-                    "abandoning completions; the jobs stay running and will be rescued"
-                );
-                // Drain the rest without persisting so that senders do not block forever.
-                self.rx.close();
-                while self.rx.recv().await.is_some() {}
-                return;
+            let mut batch = Vec::with_capacity(batch_size);
+            tokio::select! {
+                received = rx.recv_many(&mut batch, batch_size), if running.len() < concurrency.max(1) => {
+                    if received == 0 {
+                        break;
+                    }
+                    let persister = Arc::clone(&persister);
+                    running.spawn(async move { persister.persist_until_done(&batch).await });
+                }
+                Some(done) = running.join_next(), if !running.is_empty() => {
+                    if !matches!(done, Ok(true)) {
+                        abandoned = true;
+                        break;
+                    }
+                }
             }
         }
+        while let Some(done) = running.join_next().await {
+            abandoned |= !matches!(done, Ok(true));
+        }
+        if abandoned {
+            tracing::error!("abandoning completions; their jobs stay running and will be rescued");
+            // Drain without persisting so that senders do not block forever.
+            rx.close();
+            while rx.recv().await.is_some() {}
+        }
     }
+}
 
+impl Persister {
     /// Returns false if abandoned before committing.
     async fn persist_until_done(&self, batch: &[Completion]) -> bool {
         let mut delay = Duration::from_millis(20);
         let mut failures = 0u32;
         loop {
+            let started = std::time::Instant::now();
             match self.persist(batch).await {
                 Ok(applied) => {
+                    tracing::trace!(
+                        jobs = batch.len(),
+                        ms = started.elapsed().as_secs_f64() * 1000.0,
+                        "completions persisted"
+                    );
                     self.after_commit(batch, &applied);
                     return true;
                 }
@@ -120,17 +177,18 @@ impl Completer {
     }
 
     fn after_commit(&self, batch: &[Completion], applied: &HashSet<JobId>) {
+        self.inflight.remove_all(batch.iter().map(Completion::id));
         for c in batch {
-            self.inflight.remove(c.id);
-            if applied.contains(&c.id) {
+            let job = c.job.job();
+            if applied.contains(&job.id) {
                 self.metrics
-                    .outcome(&c.queue, &c.kind, c.resolution.label());
-                tracing::debug!(job_id = c.id, queue = %c.queue, kind = %c.kind, attempt = c.attempt, outcome = c.resolution.label(), "job attempt persisted");
+                    .outcome(&job.queue, &job.kind, c.resolution.label());
+                tracing::debug!(job_id = job.id, queue = %job.queue, kind = %job.kind, attempt = job.attempt, outcome = c.resolution.label(), "job attempt persisted");
             } else {
-                self.metrics.outcome(&c.queue, &c.kind, "stale");
+                self.metrics.outcome(&job.queue, &job.kind, "stale");
                 tracing::warn!(
-                    job_id = c.id,
-                    attempt = c.attempt,
+                    job_id = job.id,
+                    attempt = job.attempt,
                     "completion ignored: the job was no longer running this attempt (rescued or cancelled meanwhile)"
                 );
             }
@@ -173,10 +231,11 @@ async fn persist_batch(
         match &c.resolution {
             Resolution::Outcome(JobOutcome::Completed) => done.push(c, None, 0.0, "", ""),
             Resolution::Outcome(JobOutcome::Failed { kind, message }) => {
-                let (state, delay) = if c.attempt >= c.max_attempts {
+                let job = c.job.job();
+                let (state, delay) = if job.attempt >= job.max_attempts {
                     ("discarded", 0.0)
                 } else {
-                    ("retryable", retry.delay_for(c.attempt).as_secs_f64())
+                    ("retryable", retry.delay_for(job.attempt).as_secs_f64())
                 };
                 failed.push(c, Some(state), delay, failure_label(*kind), message);
             }
@@ -313,8 +372,8 @@ impl Columns {
         kind: &'static str,
         message: &str,
     ) {
-        self.ids.push(c.id);
-        self.attempts.push(c.attempt);
+        self.ids.push(c.id());
+        self.attempts.push(c.attempt());
         self.outputs.push(c.output.clone());
         self.states.push(state.unwrap_or(""));
         self.delays.push(delay);

@@ -20,6 +20,9 @@ pub struct EngineConfig {
     pub fetch_cooldown: Duration,
     /// Most jobs taken by one fetch.
     pub fetch_limit: usize,
+    /// Fetches of one queue in flight at once (more keep the database busy while a backlog
+    /// drains; the worker count still bounds running jobs).
+    pub fetch_concurrency: usize,
     /// Default handler timeout (a handler may set its own).
     #[serde(with = "humantime_serde")]
     pub job_timeout: Duration,
@@ -64,6 +67,8 @@ pub struct EngineConfig {
     pub leader_ttl: Duration,
     /// Most completions persisted by one transaction.
     pub completer_batch: usize,
+    /// Completion transactions in flight at once.
+    pub completer_concurrency: usize,
     /// Backoff between attempts of a failing job.
     pub retry: RetryPolicy,
 }
@@ -74,6 +79,7 @@ impl Default for EngineConfig {
             poll_interval: Duration::from_secs(1),
             fetch_cooldown: Duration::from_millis(2),
             fetch_limit: 1000,
+            fetch_concurrency: 2,
             job_timeout: Duration::from_secs(300),
             cancel_grace: Duration::from_secs(5),
             shutdown_timeout: Duration::from_secs(25),
@@ -89,6 +95,7 @@ impl Default for EngineConfig {
             retention_discarded: Duration::from_secs(7 * 24 * 3600),
             leader_ttl: Duration::from_secs(10),
             completer_batch: 1000,
+            completer_concurrency: 2,
             retry: RetryPolicy::default(),
         }
     }
@@ -108,8 +115,14 @@ impl EngineConfig {
                 self.heartbeat_interval, self.rescue_after
             ));
         }
-        if self.fetch_limit == 0 || self.completer_batch == 0 {
-            return Err("fetch_limit and completer_batch must be at least 1".into());
+        if self.fetch_limit == 0
+            || self.fetch_concurrency == 0
+            || self.completer_batch == 0
+            || self.completer_concurrency == 0
+        {
+            return Err(
+                "fetch_limit, fetch_concurrency, completer_batch and completer_concurrency must be at least 1".into(),
+            );
         }
         for (name, d) in [
             ("poll_interval", self.poll_interval),

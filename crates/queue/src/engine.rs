@@ -235,6 +235,7 @@ impl Engine {
                 hooks: b.client.hooks(),
                 retry: config.retry,
                 batch_size: config.completer_batch,
+                concurrency: config.completer_concurrency,
                 metrics,
                 inflight: Arc::clone(&inflight),
                 abandon: abandon.clone(),

@@ -54,17 +54,12 @@ pub(crate) fn spawn(rt: &Arc<Runtime>, tracker: &tokio_util::task::TaskTracker, 
             rt.metrics
                 .finished(&d.queue_label, &ctx.job().kind, elapsed);
             log_resolution(&resolution, elapsed);
-            let job = ctx.job();
             let completion = Completion {
-                id: job.id,
-                attempt: job.attempt,
-                max_attempts: job.max_attempts,
-                queue: job.queue.clone(),
-                kind: job.kind.clone(),
                 output: match resolution {
                     Resolution::Outcome(JobOutcome::Completed) => ctx.take_output(),
                     _ => None,
                 },
+                job: ctx,
                 resolution,
             };
             // Waiting here (channel full) holds the slot: the completer's pace limits fetching.

@@ -64,7 +64,7 @@ async fn beat(rt: &Runtime, queues: &[String]) -> Result<(), QueueError> {
     register(&rt.pool, &rt.worker_id, queues).await?;
     hand_back_orphans(rt).await?;
     let cancel_requested: Vec<(JobId,)> = sqlx::query_as(
-        "SELECT id FROM fairlane_job WHERE state = 'running' \
+        "SELECT id FROM fairlane_job WHERE state = 'running' AND cardinality(attempted_by) > 0 \
            AND attempted_by[cardinality(attempted_by)] = $1 \
            AND (metadata ->> 'cancel_attempted_at') IS NOT NULL",
     )
@@ -86,7 +86,7 @@ async fn hand_back_orphans(rt: &Runtime) -> Result<(), QueueError> {
              errors = j.errors || jsonb_build_array(jsonb_build_object( \
                  'attempt', j.attempt, 'at', now(), 'kind', 'interrupted', \
                  'error', 'fetched by worker ' || $1 || ' but never started (the fetch reply was lost)')) \
-         WHERE j.state = 'running' \
+         WHERE j.state = 'running' AND cardinality(j.attempted_by) > 0 \
            AND j.attempted_by[cardinality(j.attempted_by)] = $1 \
            AND NOT (j.id = ANY($2)) \
            AND j.attempted_at < now() - $3 * interval '1 millisecond' \

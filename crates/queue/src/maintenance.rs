@@ -140,7 +140,7 @@ pub async fn rescue_dead_workers(
     let rescued: Vec<Transition> = sqlx::query_as(
         "WITH stuck AS ( \
              SELECT j.id FROM fairlane_job j \
-             WHERE j.state = 'running' AND NOT EXISTS ( \
+             WHERE j.state = 'running' AND cardinality(j.attempted_by) > 0 AND NOT EXISTS ( \
                  SELECT 1 FROM fairlane_worker w \
                  WHERE w.id = j.attempted_by[cardinality(j.attempted_by)] \
                    AND w.heartbeat_at > now() - $1 * interval '1 millisecond') \

@@ -9,7 +9,8 @@ use std::time::Duration;
 use common::QueueName;
 use opentelemetry::KeyValue;
 use sqlx::PgConnection;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -18,6 +19,15 @@ use crate::error::QueueError;
 use crate::executor::{self, Dispatch};
 use crate::job::{JobId, JobRow};
 use crate::runtime::Runtime;
+
+/// What a fetch task hands back: the jobs (or the error), the slots it reserved, how many it
+/// asked for, and how long it took.
+type FetchResult = (
+    Result<(Vec<JobRow>, bool), QueueError>,
+    OwnedSemaphorePermit,
+    usize,
+    Duration,
+);
 
 /// A queue this process works, with its slot count.
 pub(crate) struct QueueWorker {
@@ -30,25 +40,29 @@ pub(crate) struct QueueWorker {
     pub(crate) max_workers: usize,
 }
 
+/// Lock runnable rows in fetch order, then update exactly those row versions by their physical
+/// address (`ctid`): the rows are locked by this statement, so their addresses cannot change, and
+/// this spares a second index descent per row. A row updated by someone else between the
+/// statement's snapshot and the lock is simply not fetched this time.
 const FETCH_SQL: &str = "
-WITH picked AS (
-    SELECT id FROM fairlane_job
-    WHERE state = 'available' AND queue = $1
-    ORDER BY priority, scheduled_at, id
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-)
 UPDATE fairlane_job j
 SET state = 'running', attempt = j.attempt + 1, attempted_at = now(),
     attempted_by = array_append(j.attempted_by, $3)
-FROM picked WHERE j.id = picked.id
+WHERE j.ctid = ANY(ARRAY(
+    SELECT ctid FROM fairlane_job
+    WHERE state = 'available' AND queue = $1
+    ORDER BY priority, scheduled_at, id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED))
 RETURNING j.*";
 
+/// The gate has locked these `available` rows in this transaction, so no state guard is needed
+/// (and one would let the planner pick the fetch index over the primary key).
 const START_SQL: &str = "
 UPDATE fairlane_job j
 SET state = 'running', attempt = j.attempt + 1, attempted_at = now(),
     attempted_by = array_append(j.attempted_by, $2)
-WHERE j.id = ANY($1) AND j.state = 'available'
+WHERE j.id = ANY($1)
 RETURNING j.*";
 
 impl QueueWorker {
@@ -60,96 +74,158 @@ impl QueueWorker {
     ) {
         let label = KeyValue::new("queue", self.name.to_string());
         rt.metrics.record_max(&label, self.max_workers);
+        let mut fetches: JoinSet<FetchResult> = JoinSet::new();
         let mut backlog = true; // fetch once at start
         let mut runnable = false;
         let mut last_fetch: Option<Instant> = None;
         let mut next_poll = Instant::now() + rt.config.poll_interval;
         let mut error_backoff = Duration::from_millis(50);
+        let mut retry_at: Option<Instant> = None;
         loop {
             if shutdown.is_cancelled() {
-                return;
+                break;
             }
             let free = self.slots.available_permits();
-            let poll_due = Instant::now() >= next_poll;
-            if free > 0 && (backlog || runnable || poll_due) {
-                if let Some(last) = last_fetch {
-                    let since = last.elapsed();
-                    if backlog && !runnable && since < rt.config.fetch_cooldown {
-                        tokio::select! {
-                            () = shutdown.cancelled() => return,
-                            () = tokio::time::sleep(rt.config.fetch_cooldown - since) => {}
-                        }
-                    }
-                }
-                let free = self.slots.available_permits();
+            let now = Instant::now();
+            let poll_due = now >= next_poll;
+            let backing_off = retry_at.is_some_and(|t| now < t);
+            let wanted = free > 0 && !backing_off && (backlog || runnable || poll_due);
+            // Up to `fetch_concurrency` fetches run at once. With a backlog, a fetch waits (at
+            // most the cooldown) for a good batch of free slots: one fetch of many jobs costs
+            // little more than a fetch of one.
+            let batch_ready = !backlog
+                || runnable
+                || free >= self.refill_threshold(&rt)
+                || last_fetch.is_none_or(|l| l.elapsed() >= rt.config.fetch_cooldown);
+            if wanted && batch_ready && fetches.len() < rt.config.fetch_concurrency {
                 let want = free.min(rt.config.fetch_limit);
-                runnable = false;
-                last_fetch = Some(Instant::now());
-                next_poll = Instant::now() + rt.config.poll_interval;
-                match self.fetch(&rt, want).await {
-                    Ok((jobs, gated)) => {
-                        rt.db_health.record(true);
-                        error_backoff = Duration::from_millis(50);
-                        backlog = jobs.len() >= want;
-                        for job in jobs {
-                            let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() else {
-                                // Cannot happen: only this task takes permits. Hand the job back
-                                // through the heartbeat's orphan reconciliation rather than run it
-                                // over the limit.
-                                tracing::error!(job_id = job.id, "no free slot for a fetched job");
-                                continue;
-                            };
-                            executor::spawn(
-                                &rt,
-                                &tracker,
-                                Dispatch {
-                                    job,
-                                    gate_admitted: gated,
-                                    permit,
-                                    slot_freed: Arc::clone(&self.slot_freed),
-                                    queue_label: label.clone(),
-                                },
-                            );
+                if let Ok(permits) = Arc::clone(&self.slots)
+                    .try_acquire_many_owned(u32::try_from(want).unwrap_or(u32::MAX))
+                {
+                    runnable = false;
+                    last_fetch = Some(now);
+                    next_poll = now + rt.config.poll_interval;
+                    let this = Arc::clone(&self);
+                    let rt = Arc::clone(&rt);
+                    fetches.spawn(async move {
+                        let started = Instant::now();
+                        let result = this.fetch(&rt, want).await;
+                        (result, permits, want, started.elapsed())
+                    });
+                    continue;
+                }
+            }
+            let cooldown_left = last_fetch
+                .map(|l| rt.config.fetch_cooldown.saturating_sub(l.elapsed()))
+                .unwrap_or_default();
+            let wake_at = match retry_at {
+                Some(t) if t > now => t.min(next_poll),
+                _ if wanted && !batch_ready => now + cooldown_left,
+                _ => next_poll,
+            };
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                Some(done) = fetches.join_next(), if !fetches.is_empty() => {
+                    let Ok((result, permits, want, took)) = done else { continue };
+                    match result {
+                        Ok((jobs, gated)) => {
+                            tracing::trace!(queue = %self.name, want, fetched = jobs.len(), ms = took.as_secs_f64() * 1000.0, "fetched");
+                            rt.db_health.record(true);
+                            error_backoff = Duration::from_millis(50);
+                            retry_at = None;
+                            // A short fetch is normal while others fetch too (SKIP LOCKED); only
+                            // an empty one means the queue has nothing runnable for us.
+                            backlog = !jobs.is_empty();
+                            self.dispatch(&rt, &tracker, &label, jobs, gated, permits);
                         }
-                    }
-                    Err(e) => {
-                        if e.is_connection_error() {
-                            rt.db_health.record(false);
+                        Err(e) => {
+                            drop(permits);
+                            if e.is_connection_error() {
+                                rt.db_health.record(false);
+                            }
+                            tracing::warn!(queue = %self.name, error = %e, "fetch failed; retrying");
+                            retry_at = Some(Instant::now() + error_backoff);
+                            error_backoff = (error_backoff * 2).min(Duration::from_secs(5));
+                            backlog = true;
                         }
-                        tracing::warn!(queue = %self.name, error = %e, "fetch failed; retrying");
-                        tokio::select! {
-                            () = shutdown.cancelled() => return,
-                            () = tokio::time::sleep(error_backoff) => {}
-                        }
-                        error_backoff = (error_backoff * 2).min(Duration::from_secs(5));
-                        backlog = true;
                     }
                 }
-                continue;
-            }
-            tokio::select! {
-                () = shutdown.cancelled() => return,
                 () = self.runnable.notified() => runnable = true,
                 () = self.slot_freed.notified() => {}
-                () = tokio::time::sleep_until(next_poll) => {}
+                () = tokio::time::sleep_until(wake_at) => {}
+            }
+        }
+        // Jobs fetched by fetches still in flight are already `running`: run them (the drain
+        // handles them like any other running job) rather than leave them to the rescuer.
+        while let Some(done) = fetches.join_next().await {
+            if let Ok((Ok((jobs, gated)), permits, _, _)) = done {
+                self.dispatch(&rt, &tracker, &label, jobs, gated, permits);
             }
         }
     }
 
+    /// Starts an executor per fetched job, each holding one of the fetch's reserved slots; the
+    /// slots the fetch did not fill go back to the pool.
+    fn dispatch(
+        &self,
+        rt: &Arc<Runtime>,
+        tracker: &TaskTracker,
+        label: &KeyValue,
+        jobs: Vec<JobRow>,
+        gated: bool,
+        mut permits: OwnedSemaphorePermit,
+    ) {
+        for job in jobs {
+            let Some(permit) = permits.split(1) else {
+                // Cannot happen: a fetch returns at most the slots it reserved.
+                tracing::error!(
+                    job_id = job.id,
+                    "fetch returned more jobs than it reserved slots"
+                );
+                continue;
+            };
+            executor::spawn(
+                rt,
+                tracker,
+                Dispatch {
+                    job,
+                    gate_admitted: gated,
+                    permit,
+                    slot_freed: Arc::clone(&self.slot_freed),
+                    queue_label: label.clone(),
+                },
+            );
+        }
+        drop(permits);
+        self.slot_freed.notify_one();
+    }
+
+    /// Free slots worth a fetch while a backlog exists: half a full fetch.
+    fn refill_threshold(&self, rt: &Runtime) -> usize {
+        (self.max_workers.min(rt.config.fetch_limit) / 2).max(1)
+    }
+
     async fn fetch(&self, rt: &Runtime, want: usize) -> Result<(Vec<JobRow>, bool), QueueError> {
         let limit = i64::try_from(want).unwrap_or(i64::MAX);
+        let mut tx = rt.pool.begin().await?;
+        // A fetch lost in a server crash only puts its jobs back to `available` (and the attempt
+        // that ran meanwhile is refused at completion), so it need not wait for the WAL flush.
+        // Completions keep full durability.
+        sqlx::query("SET LOCAL synchronous_commit = off")
+            .execute(&mut *tx)
+            .await?;
         match &rt.gate {
             None => {
                 let jobs = sqlx::query_as::<_, JobRow>(FETCH_SQL)
                     .bind(self.name.as_str())
                     .bind(limit)
                     .bind(&*rt.worker_id)
-                    .fetch_all(&rt.pool)
+                    .fetch_all(&mut *tx)
                     .await?;
+                tx.commit().await?;
                 Ok((jobs, false))
             }
             Some(gate) => {
-                let mut tx = rt.pool.begin().await?;
                 let ids = gate
                     .select(&mut tx, &self.name, want)
                     .await

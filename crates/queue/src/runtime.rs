@@ -35,8 +35,12 @@ impl Inflight {
         self.lock().insert(id, control);
     }
 
-    pub(crate) fn remove(&self, id: JobId) {
-        self.lock().remove(&id);
+    /// Removes a batch under one lock.
+    pub(crate) fn remove_all(&self, ids: impl IntoIterator<Item = JobId>) {
+        let mut jobs = self.lock();
+        for id in ids {
+            jobs.remove(&id);
+        }
     }
 
     pub(crate) fn ids(&self) -> Vec<JobId> {
