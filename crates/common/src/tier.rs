@@ -101,7 +101,10 @@ mod tests {
 
     #[test]
     fn serde_uses_snake_case() {
-        assert_eq!(serde_json::to_string(&Tier::ProPlus).unwrap(), "\"pro_plus\"");
+        assert_eq!(
+            serde_json::to_string(&Tier::ProPlus).unwrap(),
+            "\"pro_plus\""
+        );
         let t: Tier = serde_json::from_str("\"enterprise\"").unwrap();
         assert_eq!(t, Tier::Enterprise);
         assert!(serde_json::from_str::<Tier>("\"gold\"").is_err());
