@@ -10,6 +10,10 @@ pub mod algorithms;
 pub mod clock;
 pub mod policy;
 pub mod request;
+pub mod backend;
+mod circuit;
+mod deny_cache;
+pub mod limiter;
 pub mod rules;
 mod yaml_locate;
 
@@ -18,3 +22,10 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use policy::{Algorithm, Policy, Unit};
 pub use request::{DescriptorKey, RateLimitRequest};
 pub use rules::{MatchedRule, Rule, RuleLimit, RuleSet, RulesError};
+pub use backend::{
+    Backend, BackendDecision, BackendError, MemoryBackend, MemoryConfig, RedisBackend, RedisConfig,
+};
+pub use limiter::{
+    Decision, DecisionKind, DecisionSource, FailureMode, LimitOutcome, Limiter, LimiterConfig,
+    LimiterError, LimiterStats, RateLimitOutcome, ceil_seconds,
+};
