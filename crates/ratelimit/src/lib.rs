@@ -7,25 +7,25 @@
 //! [`Limiter::check`], and turns the [`RateLimitOutcome`] into a response and headers.
 
 pub mod algorithms;
-pub mod clock;
-pub mod policy;
-pub mod request;
 pub mod backend;
 mod circuit;
+pub mod clock;
 mod deny_cache;
 pub mod limiter;
+pub mod policy;
+pub mod request;
 pub mod rules;
 mod yaml_locate;
 
 pub use algorithms::{CounterState, Verdict};
-pub use clock::{Clock, ManualClock, SystemClock};
-pub use policy::{Algorithm, Policy, Unit};
-pub use request::{DescriptorKey, RateLimitRequest};
-pub use rules::{MatchedRule, Rule, RuleLimit, RuleSet, RulesError};
 pub use backend::{
     Backend, BackendDecision, BackendError, MemoryBackend, MemoryConfig, RedisBackend, RedisConfig,
 };
+pub use clock::{Clock, ManualClock, SystemClock};
 pub use limiter::{
     Decision, DecisionKind, DecisionSource, FailureMode, LimitOutcome, Limiter, LimiterConfig,
     LimiterError, LimiterStats, RateLimitOutcome, ceil_seconds,
 };
+pub use policy::{Algorithm, Policy, Unit};
+pub use request::{DescriptorKey, RateLimitRequest};
+pub use rules::{MatchedRule, Rule, RuleLimit, RuleSet, RulesError};

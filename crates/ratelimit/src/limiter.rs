@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::Counter;
 
-use crate::backend::{Backend, BackendError, MemoryBackend, MemoryConfig, RedisBackend, RedisConfig};
+use crate::backend::{
+    Backend, BackendError, MemoryBackend, MemoryConfig, RedisBackend, RedisConfig,
+};
 use crate::circuit::{Admission, CircuitBreaker, Transition};
 use crate::deny_cache::{DenyCache, DenyEntry};
 use crate::policy::{MICROS_PER_SECOND, Policy};
@@ -523,7 +525,10 @@ impl Inner {
                 },
                 rule,
             },
-            RuleLimit::Limited(policy) => self.decide_limited(rule, &counter_key, policy, shadow).await,
+            RuleLimit::Limited(policy) => {
+                self.decide_limited(rule, &counter_key, policy, shadow)
+                    .await
+            }
         };
         self.record(&outcome);
         outcome
@@ -647,9 +652,11 @@ impl Inner {
             bump(&self.stats.circuit_open_skips);
             return Err(BackendFailure::CircuitOpen);
         }
-        let result =
-            tokio::time::timeout(self.config.deadline, self.backend.decide(counter_key, policy))
-                .await;
+        let result = tokio::time::timeout(
+            self.config.deadline,
+            self.backend.decide(counter_key, policy),
+        )
+        .await;
         let failure = match result {
             Ok(Ok(decision)) => {
                 if self.breaker.record_success() == Transition::Closed {

@@ -271,7 +271,10 @@ fn sliding_window_stays_within_its_documented_bound() {
     let mut trace: Vec<u64> = (0..n).map(|i| T0 + SEC - 100 + i).collect();
     trace.extend((0..20_000).map(|i| T0 + SEC + i * 50));
     let worst = check(&policy, &trace);
-    assert!(worst > 1.5, "the adversarial trace should show the error ({worst})");
+    assert!(
+        worst > 1.5,
+        "the adversarial trace should show the error ({worst})"
+    );
 }
 
 #[test]
@@ -294,12 +297,21 @@ fn retry_after_is_exactly_the_earliest_time_a_retry_passes() {
                 assert!(v.retry_after_us > 0, "{algorithm}");
                 let mut probe = before.clone();
                 let early = run(&policy, &mut probe, t + v.retry_after_us - 1);
-                assert!(!early.allowed, "{algorithm} seed {seed}: passes 1 µs before retry_after");
+                assert!(
+                    !early.allowed,
+                    "{algorithm} seed {seed}: passes 1 µs before retry_after"
+                );
                 let mut probe = before;
                 let on_time = run(&policy, &mut probe, t + v.retry_after_us);
-                assert!(on_time.allowed, "{algorithm} seed {seed}: retry_after too early");
+                assert!(
+                    on_time.allowed,
+                    "{algorithm} seed {seed}: retry_after too early"
+                );
             }
-            assert!(denials > 10, "{algorithm}: the trace should provoke denials");
+            assert!(
+                denials > 10,
+                "{algorithm}: the trace should provoke denials"
+            );
         }
     }
 }

@@ -35,8 +35,11 @@ pub enum BackendError {
 #[async_trait]
 pub trait Backend: Send + Sync + 'static {
     /// Count one request against `counter_key` under `policy` and return the verdict.
-    async fn decide(&self, counter_key: &str, policy: &Policy)
-    -> Result<BackendDecision, BackendError>;
+    async fn decide(
+        &self,
+        counter_key: &str,
+        policy: &Policy,
+    ) -> Result<BackendDecision, BackendError>;
 
     /// A short name for logs and metrics (`memory`, `redis`).
     fn name(&self) -> &'static str;
