@@ -18,8 +18,10 @@ pub(crate) struct DenyEntry {
     pub(crate) limit: u64,
 }
 
+type Shard = HashMap<Box<str>, DenyEntry>;
+
 pub(crate) struct DenyCache {
-    shards: Box<[Mutex<HashMap<Box<str>, DenyEntry>>]>,
+    shards: Box<[Mutex<Shard>]>,
     per_shard_cap: usize,
     hasher: RandomState,
 }
@@ -35,7 +37,7 @@ impl DenyCache {
         }
     }
 
-    fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, HashMap<Box<str>, DenyEntry>> {
+    fn shard(&self, key: &str) -> std::sync::MutexGuard<'_, Shard> {
         #[allow(clippy::cast_possible_truncation)]
         let index = self.hasher.hash_one(key) as usize % SHARDS;
         self.shards[index]

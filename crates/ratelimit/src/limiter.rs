@@ -671,6 +671,7 @@ impl Inner {
             }
             Err(_) => {
                 bump(&self.stats.backend_timeouts);
+                self.backend.reset_connection();
                 tracing::debug!(deadline = ?self.config.deadline, "rate limit backend missed the deadline");
                 BackendFailure::Timeout
             }

@@ -491,7 +491,9 @@ impl Compiler<'_> {
             }
         }
         for group in &mut groups {
-            group.prefixes.sort_by(|a, b| b.0.len().cmp(&a.0.len()));
+            group
+                .prefixes
+                .sort_by_key(|(prefix, _)| std::cmp::Reverse(prefix.len()));
         }
         Ok(groups)
     }

@@ -44,6 +44,10 @@ pub trait Backend: Send + Sync + 'static {
     /// A short name for logs and metrics (`memory`, `redis`).
     fn name(&self) -> &'static str;
 
+    /// Forget connection state after a failure the backend itself did not see (the caller gave
+    /// up at its deadline): a connection that hangs must not be reused for ever.
+    fn reset_connection(&self) {}
+
     /// Whether the backend lives in this process and never fails or blocks; the limiter then
     /// skips the deadline, circuit breaker and deny cache.
     fn is_local(&self) -> bool {

@@ -215,4 +215,8 @@ impl Backend for RedisBackend {
     fn name(&self) -> &'static str {
         "redis"
     }
+
+    fn reset_connection(&self) {
+        self.drop_connection();
+    }
 }

@@ -52,6 +52,11 @@ impl PrivateRedis {
         redis
     }
 
+    /// The server's process id (to stop and continue it).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
