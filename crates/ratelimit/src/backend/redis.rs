@@ -170,11 +170,16 @@ impl Backend for RedisBackend {
     ) -> Result<BackendDecision, BackendError> {
         let mut connection = self.connection().await?;
         let key = self.redis_key(counter_key);
-        let request_id = format!(
-            "{:016x}-{}",
-            self.instance_id,
-            self.sequence.fetch_add(1, Ordering::Relaxed)
-        );
+        // Only the sliding log stores members; the other scripts ignore ARGV[4].
+        let request_id = if policy.algorithm == Algorithm::SlidingLog {
+            format!(
+                "{:016x}-{}",
+                self.instance_id,
+                self.sequence.fetch_add(1, Ordering::Relaxed)
+            )
+        } else {
+            String::new()
+        };
         let reply: Result<Vec<i64>, _> = self
             .script(policy.algorithm)
             .key(&key)
