@@ -209,19 +209,27 @@ fn main() {
         bench_memory_limiter(threads, 1_000_000),
     ];
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    runtime.block_on(async {
-        if let Some(row) = bench_redis(&url, 1, 5_000).await {
-            rows.push(row);
-        }
-        if let Some(row) = bench_redis(&url, 50, 2_000).await {
-            rows.push(row);
-        }
-    });
+    // Client runtimes with 1 and with all hardware threads: on a small machine the client's
+    // threads compete with redis-server for the same cores.
+    for workers in [1, threads] {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            for callers in [1, 50] {
+                if let Some(mut row) = bench_redis(&url, callers, 100 * callers.max(50)).await {
+                    row.name = format!(
+                        "{} ({workers} client thread{})",
+                        row.name,
+                        if workers == 1 { "" } else { "s" }
+                    );
+                    rows.push(row);
+                }
+            }
+        });
+    }
 
     println!("| case | decisions | decisions/s | p50 | p99 | p99.9 |");
     println!("|---|---:|---:|---:|---:|---:|");
