@@ -1,0 +1,355 @@
+//! The limiter front: several limits per request, shadow mode, blocked and unlimited rules, the
+//! deny cache against real Redis, and hot reload of the rules file.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{redis_url, temp_dir, unique_prefix};
+use ratelimit::{
+    Backend, DecisionKind, DecisionSource, DescriptorKey, Limiter, LimiterConfig, ManualClock,
+    MemoryBackend, MemoryConfig, RateLimitRequest, RedisBackend, RedisConfig, RuleSet,
+};
+
+const T0: u64 = 1_700_000_000 * 1_000_000;
+
+fn memory_backend() -> Arc<dyn Backend> {
+    Arc::new(MemoryBackend::new(
+        &MemoryConfig::default(),
+        Arc::new(ManualClock::new(T0)),
+    ))
+}
+
+fn static_config() -> LimiterConfig {
+    LimiterConfig {
+        reload_interval: None,
+        ..LimiterConfig::default()
+    }
+}
+
+fn user(id: &str) -> RateLimitRequest {
+    RateLimitRequest::new()
+        .with(DescriptorKey::UserId, id)
+        .with(DescriptorKey::Tier, "free")
+        .with(DescriptorKey::RemoteAddress, "192.0.2.1")
+}
+
+fn limiter(rules: &str, config: LimiterConfig) -> Limiter {
+    let rules = RuleSet::parse_fairlane(rules, "test.yaml").expect("valid rules");
+    Limiter::new(rules, memory_backend(), config)
+}
+
+#[tokio::test]
+async fn a_request_is_denied_if_any_enforced_limit_denies_it() {
+    let limiter = limiter(
+        r#"
+domain: multi
+descriptors:
+  - key: user_id
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 2}
+"#,
+        static_config(),
+    );
+    for _ in 0..2 {
+        let outcome = limiter.check(&user("a")).await;
+        assert!(outcome.allowed);
+        assert_eq!(outcome.limits.len(), 2);
+        // Headers describe the tightest limit.
+        let headline = outcome.headline().expect("limits");
+        assert_eq!(&*headline.rule.id, "multi:remote_address");
+    }
+    let outcome = limiter.check(&user("a")).await;
+    assert!(!outcome.allowed);
+    let denial = outcome.headline().expect("denial");
+    assert_eq!(&*denial.rule.id, "multi:remote_address");
+    assert_eq!(denial.kind, DecisionKind::Limited);
+    assert_eq!(denial.decision.remaining, 0);
+    assert!(outcome.retry_after().is_some_and(|d| d > Duration::ZERO));
+    let stats = limiter.stats();
+    assert_eq!((stats.allowed, stats.limited), (5, 1));
+}
+
+#[tokio::test]
+async fn shadow_rules_never_deny_but_count_would_be_denials() {
+    let limiter = limiter(
+        r#"
+domain: shadow
+descriptors:
+  - key: user_id
+    rate_limit: {unit: minute, requests_per_unit: 2}
+    shadow_mode: true
+"#,
+        static_config(),
+    );
+    for i in 0..5 {
+        let outcome = limiter.check(&user("s")).await;
+        assert!(outcome.allowed, "request {i}");
+        let limit = &outcome.limits[0];
+        let expected = if i < 2 {
+            DecisionKind::Allowed
+        } else {
+            DecisionKind::ShadowLimited
+        };
+        assert_eq!(limit.kind, expected, "request {i}");
+        assert_eq!(outcome.retry_after(), None);
+    }
+    let stats = limiter.stats();
+    assert_eq!(
+        (stats.allowed, stats.shadow_limited, stats.limited),
+        (2, 3, 0)
+    );
+}
+
+#[tokio::test]
+async fn global_shadow_mode_never_denies() {
+    let config = LimiterConfig {
+        global_shadow_mode: true,
+        ..static_config()
+    };
+    let limiter = limiter(
+        r#"
+domain: global-shadow
+descriptors:
+  - key: user_id
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: remote_address
+    value: 192.0.2.1
+    rate_limit: {unit: minute, requests_per_unit: 0}
+"#,
+        config,
+    );
+    for _ in 0..4 {
+        assert!(limiter.check(&user("g")).await.allowed);
+    }
+    let stats = limiter.stats();
+    // user_id: 1 allowed + 3 shadow; the blocked address: 4 shadow.
+    assert_eq!(
+        (stats.allowed, stats.shadow_limited, stats.limited),
+        (1, 7, 0)
+    );
+}
+
+#[tokio::test]
+async fn blocked_and_unlimited_rules_need_no_counter() {
+    let limiter = limiter(
+        r#"
+domain: special
+descriptors:
+  - key: remote_address
+    value: 198.51.100.7
+    rate_limit: {unit: hour, requests_per_unit: 0}
+  - key: api_key
+    value: internal-probe
+    rate_limit: {unlimited: true}
+"#,
+        static_config(),
+    );
+    let blocked = limiter
+        .check(&RateLimitRequest::new().with(DescriptorKey::RemoteAddress, "198.51.100.7"))
+        .await;
+    assert!(!blocked.allowed);
+    assert_eq!(blocked.limits[0].source, DecisionSource::Rule);
+    assert_eq!(blocked.retry_after(), Some(Duration::from_secs(3600)));
+    let probe = RateLimitRequest::new().with(DescriptorKey::ApiKey, "internal-probe");
+    for _ in 0..100 {
+        let outcome = limiter.check(&probe).await;
+        assert!(outcome.allowed);
+        assert!(
+            outcome.headline().is_none(),
+            "no limit headers for unlimited"
+        );
+    }
+    assert!(
+        limiter
+            .check(&RateLimitRequest::new().with(DescriptorKey::RemoteAddress, "203.0.113.1"))
+            .await
+            .limits
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn the_deny_cache_spares_redis_until_retry_after() {
+    let backend = Arc::new(
+        RedisBackend::connect(
+            &RedisConfig::new(redis_url()).with_key_prefix(unique_prefix("deny-cache")),
+        )
+        .await
+        .expect("redis"),
+    );
+    let rules = RuleSet::parse_fairlane(
+        r#"
+domain: deny
+descriptors:
+  - key: user_id
+    rate_limit: {unit: second, requests_per_unit: 5, algorithm: token_bucket, burst: 1}
+"#,
+        "t",
+    )
+    .expect("rules");
+    let limiter = Limiter::new(rules, backend, static_config());
+    let first = limiter.check(&user("d")).await;
+    assert!(first.allowed);
+    assert_eq!(first.limits[0].source, DecisionSource::Backend);
+    let denied = limiter.check(&user("d")).await;
+    assert!(!denied.allowed);
+    assert_eq!(denied.limits[0].source, DecisionSource::Backend);
+    let retry_after = denied.retry_after().expect("denied");
+    assert!(retry_after <= Duration::from_millis(200), "{retry_after:?}");
+    let cached = limiter.check(&user("d")).await;
+    assert!(!cached.allowed);
+    assert_eq!(cached.limits[0].source, DecisionSource::DenyCache);
+    assert!(cached.retry_after().expect("denied") <= retry_after);
+    assert_eq!(limiter.stats().deny_cache_hits, 1);
+    // Once retry_after has passed, Redis is asked again, and a token is there.
+    tokio::time::sleep(retry_after).await;
+    let again = limiter.check(&user("d")).await;
+    assert_eq!(again.limits[0].source, DecisionSource::Backend);
+    assert!(again.allowed);
+}
+
+fn write(path: &Path, text: &str) {
+    // Write-then-rename, as deployment tools do, so a reader never sees half a file.
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("write rules");
+    std::fs::rename(&tmp, path).expect("rename rules");
+}
+
+fn rules_with_limit(n: u64) -> String {
+    format!(
+        "domain: reload\ndescriptors:\n  - key: user_id\n    rate_limit: {{unit: minute, requests_per_unit: {n}}}\n"
+    )
+}
+
+async fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn allowed_count(limiter: &Limiter, id: &str, attempts: usize) -> usize {
+    let mut allowed = 0;
+    for _ in 0..attempts {
+        if limiter.check(&user(id)).await.allowed {
+            allowed += 1;
+        }
+    }
+    allowed
+}
+
+#[tokio::test]
+async fn rules_file_changes_apply_without_restart_and_broken_files_are_ignored() {
+    let dir = temp_dir("reload");
+    let path = dir.join("rules.yaml");
+    write(&path, &rules_with_limit(2));
+    let config = LimiterConfig {
+        reload_interval: Some(Duration::from_millis(50)),
+        ..LimiterConfig::default()
+    };
+    let limiter = Limiter::from_rules_file(&path, memory_backend(), config).expect("valid file");
+    assert_eq!(allowed_count(&limiter, "r1", 5).await, 2);
+
+    write(&path, &rules_with_limit(4));
+    wait_until("the reload", || limiter.stats().reloads == 1).await;
+    assert_eq!(allowed_count(&limiter, "r2", 6).await, 4);
+
+    // A broken file is refused on reload; the old rules stay in force.
+    write(
+        &path,
+        "domain: reload\ndescriptors:\n  - key: user_id\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
+    );
+    wait_until("the refusal", || limiter.stats().reload_failures == 1).await;
+    assert_eq!(allowed_count(&limiter, "r3", 6).await, 4);
+    // The same broken content is refused once, not at every poll.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(limiter.stats().reload_failures, 1);
+    assert!(!limiter.reload_now().expect("unchanged"));
+
+    // Fixing the file applies it.
+    write(&path, &rules_with_limit(1));
+    wait_until("the second reload", || limiter.stats().reloads == 2).await;
+    assert_eq!(allowed_count(&limiter, "r4", 3).await, 1);
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}
+
+#[tokio::test]
+async fn reload_now_reports_what_it_did() {
+    let dir = temp_dir("reload-now");
+    let path = dir.join("rules.yaml");
+    write(&path, &rules_with_limit(2));
+    let limiter =
+        Limiter::from_rules_file(&path, memory_backend(), static_config()).expect("valid file");
+    assert!(!limiter.reload_now().expect("unchanged"));
+    write(
+        &path,
+        "domain: reload\ndescriptors:\n  - key: user_id\n    rate_limit: {unit: minute}\n",
+    );
+    let err = limiter.reload_now().expect_err("broken").to_string();
+    assert!(err.contains("rules.yaml"), "{err}");
+    assert!(
+        err.contains("descriptors[0].rate_limit: missing `requests_per_unit`"),
+        "{err}"
+    );
+    assert_eq!(limiter.rules().rules().len(), 1);
+    write(&path, &rules_with_limit(3));
+    assert!(limiter.reload_now().expect("valid"));
+    assert_eq!(allowed_count(&limiter, "n", 5).await, 3);
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}
+
+#[tokio::test]
+async fn a_broken_file_is_refused_at_construction() {
+    let dir = temp_dir("broken");
+    let path = dir.join("rules.yaml");
+    write(
+        &path,
+        "domain: x\ndescriptors:\n  - key: user_id\n    rate_limit: {unit: second, requests_per_unit: 5, burst: 9}\n",
+    );
+    let err = Limiter::from_file(&path, None, LimiterConfig::default())
+        .expect_err("burst on a fixed window")
+        .to_string();
+    assert!(err.contains(&path.display().to_string()), "{err}");
+    assert!(err.contains("descriptors[0].rate_limit.burst"), "{err}");
+    assert!(err.contains("line 4"), "{err}");
+    let missing = Limiter::from_file(dir.join("nope.yaml"), None, LimiterConfig::default())
+        .expect_err("no file")
+        .to_string();
+    assert!(missing.contains("cannot read rules file"), "{missing}");
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}
+
+#[tokio::test]
+async fn the_shipped_rules_run_end_to_end_on_redis() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/ratelimit/rules.yaml");
+    let config = LimiterConfig {
+        redis_key_prefix: unique_prefix("shipped"),
+        ..static_config()
+    };
+    let limiter = Limiter::from_file(&path, Some(&redis_url()), config).expect("limiter");
+    let enqueue = RateLimitRequest::new()
+        .with(DescriptorKey::UserId, "e2e")
+        .with(DescriptorKey::Tier, "free")
+        .with(DescriptorKey::Route, "/v1/analyses")
+        .with(DescriptorKey::Method, "POST");
+    // Free tier: leaky bucket, burst 2 on analyses.
+    let mut allowed = 0;
+    for _ in 0..5 {
+        let outcome = limiter.check(&enqueue).await;
+        assert!(
+            outcome
+                .limits
+                .iter()
+                .all(|l| l.source != DecisionSource::Fallback)
+        );
+        if outcome.allowed {
+            allowed += 1;
+        }
+    }
+    assert_eq!(allowed, 2);
+}

@@ -1,0 +1,264 @@
+//! The Redis scripts against the algorithms' definitions on a real Redis, in real time, using the
+//! server timestamps each script returns; and many concurrent callers on separate connections.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{Event, allowed_times, redis_url, unique_prefix};
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use ratelimit::algorithms::decide;
+use ratelimit::{Algorithm, Backend, CounterState, Policy, RedisBackend, RedisConfig, Unit};
+
+const W: u64 = 1_000_000;
+
+async fn backend(test: &str) -> RedisBackend {
+    RedisBackend::connect(&RedisConfig::new(redis_url()).with_key_prefix(unique_prefix(test)))
+        .await
+        .expect("redis reachable (REDIS_URL or 127.0.0.1:6379)")
+}
+
+/// Send requests one after another for `span`, with small random pauses; return every
+/// decision with the server time it was made at.
+async fn sequential_trace(
+    backend: &RedisBackend,
+    policy: &Policy,
+    span: Duration,
+    seed: u64,
+) -> Vec<ratelimit::BackendDecision> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let start = Instant::now();
+    let mut out = Vec::new();
+    while start.elapsed() < span {
+        out.push(
+            backend
+                .decide("{seq}:k", policy)
+                .await
+                .expect("redis decision"),
+        );
+        let pause = rng.random_range(0..8_000);
+        tokio::time::sleep(Duration::from_micros(pause)).await;
+    }
+    out
+}
+
+/// The script's decisions must be exactly the pure algorithm's at the same server times, and
+/// the algorithm's invariant must hold on the server timeline.
+async fn script_matches_definition(algorithm: Algorithm, n: u64, burst: u64) {
+    let backend = backend(algorithm.as_str()).await;
+    let policy = Policy::new(algorithm, Unit::Second, n).with_burst(burst);
+    let trace = sequential_trace(&backend, &policy, Duration::from_millis(2_300), n).await;
+    assert!(trace.len() > 100, "only {} requests", trace.len());
+    let mut state = CounterState::fresh(algorithm);
+    for (i, d) in trace.iter().enumerate() {
+        let expected = decide(&policy, &mut state, d.clock_us);
+        assert_eq!(
+            d.verdict, expected,
+            "{algorithm}: request {i} at {}",
+            d.clock_us
+        );
+    }
+    let events: Vec<Event> = trace
+        .iter()
+        .map(|d| Event {
+            at_us: d.clock_us,
+            allowed: d.verdict.allowed,
+        })
+        .collect();
+    let allowed = allowed_times(&events);
+    assert!(
+        allowed.len() < events.len(),
+        "{algorithm}: nothing was limited"
+    );
+    check_invariant(&policy, &allowed);
+}
+
+fn check_invariant(policy: &Policy, allowed: &[u64]) {
+    let n = policy.requests_per_unit;
+    match policy.algorithm {
+        Algorithm::FixedWindow => {
+            let per = common::per_aligned_window(allowed, W);
+            assert!(per.values().all(|&c| c <= n), "{per:?}");
+        }
+        Algorithm::SlidingLog => {
+            assert!(common::max_in_any_window(allowed, W) <= n as usize);
+        }
+        Algorithm::SlidingWindow => common::assert_sliding_window_bound(allowed, n, W),
+        Algorithm::TokenBucket | Algorithm::LeakyBucket => {
+            common::assert_bucket_bound(allowed, n, W, policy.burst);
+        }
+    }
+}
+
+#[tokio::test]
+async fn fixed_window_script_matches_definition() {
+    script_matches_definition(Algorithm::FixedWindow, 20, 20).await;
+}
+
+#[tokio::test]
+async fn sliding_log_script_matches_definition() {
+    script_matches_definition(Algorithm::SlidingLog, 20, 20).await;
+}
+
+#[tokio::test]
+async fn sliding_window_script_matches_definition() {
+    script_matches_definition(Algorithm::SlidingWindow, 20, 20).await;
+}
+
+#[tokio::test]
+async fn token_bucket_script_matches_definition() {
+    script_matches_definition(Algorithm::TokenBucket, 20, 8).await;
+}
+
+#[tokio::test]
+async fn leaky_bucket_script_matches_definition() {
+    script_matches_definition(Algorithm::LeakyBucket, 20, 8).await;
+}
+
+#[tokio::test]
+async fn fixed_window_resets_at_the_server_boundary() {
+    let backend = backend("fw-boundary").await;
+    let policy = Policy::new(Algorithm::FixedWindow, Unit::Second, 3);
+    let first = backend.decide("{b}:k", &policy).await.expect("decision");
+    let window = first.clock_us / W;
+    let mut last = first;
+    // Exhaust the window (unless it ends meanwhile; then start over in the next one).
+    while last.verdict.allowed {
+        last = backend.decide("{b}:k", &policy).await.expect("decision");
+    }
+    assert!(last.verdict.retry_after_us > 0);
+    assert_eq!(
+        last.verdict.retry_after_us,
+        (last.clock_us / W + 1) * W - last.clock_us,
+        "retry after = time to the window boundary"
+    );
+    tokio::time::sleep(Duration::from_micros(last.verdict.retry_after_us)).await;
+    let next = backend.decide("{b}:k", &policy).await.expect("decision");
+    assert!(next.clock_us / W > window);
+    assert!(next.verdict.allowed, "a new window starts empty");
+    assert_eq!(next.verdict.remaining, 2);
+}
+
+#[tokio::test]
+async fn keys_carry_a_ttl_and_a_hash_tag() {
+    let prefix = unique_prefix("ttl");
+    let backend = RedisBackend::connect(&RedisConfig::new(redis_url()).with_key_prefix(&prefix))
+        .await
+        .expect("redis");
+    let client = redis::Client::open(redis_url()).expect("url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    for algorithm in Algorithm::ALL {
+        let policy = Policy::new(algorithm, Unit::Minute, 5);
+        let counter_key = format!("{{fl|user_id=ttl}}:{}:60", algorithm.key_tag());
+        let d = backend
+            .decide(&counter_key, &policy)
+            .await
+            .expect("decision");
+        let key = backend.redis_key(&counter_key);
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .expect("pttl");
+        let reset_ms = i64::try_from(d.verdict.reset_us.div_ceil(1000)).expect("fits");
+        assert!(pttl > 0, "{algorithm}: key without TTL ({pttl})");
+        assert!(
+            pttl <= reset_ms + 1,
+            "{algorithm}: TTL {pttl} ms > reset {reset_ms} ms"
+        );
+        // Redis Cluster hashes only the part between the first `{` and the next `}`.
+        let open = key.find('{').expect("hash tag opens");
+        let close = open + key[open..].find('}').expect("hash tag closes");
+        assert_eq!(
+            &key[open + 1..close],
+            "fl|user_id=ttl",
+            "{algorithm}: {key}"
+        );
+    }
+}
+
+/// Many callers on separate connections hammer one key; the server-time trace must respect the
+/// algorithm's bound.
+async fn hammer(algorithm: Algorithm, n: u64, burst: u64) {
+    const CONNECTIONS: usize = 8;
+    const TASKS_PER_CONNECTION: usize = 4;
+    let prefix = unique_prefix(&format!("hammer-{algorithm}"));
+    let policy = Policy::new(algorithm, Unit::Second, n).with_burst(burst);
+    let mut handles = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let backend = Arc::new(
+            RedisBackend::connect(&RedisConfig::new(redis_url()).with_key_prefix(&prefix))
+                .await
+                .expect("redis"),
+        );
+        for _ in 0..TASKS_PER_CONNECTION {
+            let backend = Arc::clone(&backend);
+            handles.push(tokio::spawn(async move {
+                let start = Instant::now();
+                let mut events = Vec::new();
+                while start.elapsed() < Duration::from_millis(2_200) {
+                    let d = backend
+                        .decide("{shared|user_id=1}:k", &policy)
+                        .await
+                        .expect("decision");
+                    events.push(Event {
+                        at_us: d.clock_us,
+                        allowed: d.verdict.allowed,
+                    });
+                    tokio::time::sleep(Duration::from_micros(500)).await;
+                }
+                events
+            }));
+        }
+    }
+    let mut events = Vec::new();
+    for h in handles {
+        events.extend(h.await.expect("task"));
+    }
+    let allowed = allowed_times(&events);
+    assert!(
+        events.len() > allowed.len() * 2,
+        "the key was not contended"
+    );
+    check_invariant(&policy, &allowed);
+    if algorithm == Algorithm::FixedWindow {
+        // Windows entirely inside the run were saturated: exactly N each.
+        let per = common::per_aligned_window(&allowed, W);
+        let first = events.iter().map(|e| e.at_us).min().expect("events") / W;
+        let last = events.iter().map(|e| e.at_us).max().expect("events") / W;
+        for (window, count) in &per {
+            if *window > first && *window < last {
+                assert_eq!(*count, n, "window {window}");
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_callers_never_exceed_fixed_window() {
+    hammer(Algorithm::FixedWindow, 30, 30).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_callers_never_exceed_sliding_log() {
+    hammer(Algorithm::SlidingLog, 30, 30).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_callers_stay_within_sliding_window_bound() {
+    hammer(Algorithm::SlidingWindow, 30, 30).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_callers_never_exceed_token_bucket() {
+    hammer(Algorithm::TokenBucket, 30, 10).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_callers_never_exceed_leaky_bucket() {
+    hammer(Algorithm::LeakyBucket, 30, 10).await;
+}

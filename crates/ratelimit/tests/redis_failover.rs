@@ -1,0 +1,170 @@
+//! Redis stopped mid-test: every decision still returns within the deadline (plus slack),
+//! fails open or falls back and is counted; when Redis comes back, limiting resumes by itself.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{PrivateRedis, unique_prefix};
+use ratelimit::{
+    DecisionKind, DecisionSource, DescriptorKey, FailureMode, Limiter, LimiterConfig,
+    RateLimitOutcome, RateLimitRequest, RedisBackend, RedisConfig, RuleSet,
+};
+
+const DEADLINE: Duration = Duration::from_millis(20);
+/// Scheduling slack on a busy 2-core machine; the point is "not blocked", not a benchmark.
+const SLACK: Duration = Duration::from_millis(300);
+
+const RULES: &str = r#"
+domain: failover
+descriptors:
+  - key: user_id
+    rate_limit: {unit: minute, requests_per_unit: 3, algorithm: sliding_log}
+"#;
+
+fn limiter(redis: &PrivateRedis, mode: FailureMode) -> Limiter {
+    let backend = RedisBackend::new(
+        &RedisConfig::new(redis.url()).with_key_prefix(unique_prefix("failover")),
+    )
+    .expect("config");
+    let config = LimiterConfig {
+        deadline: DEADLINE,
+        on_backend_failure: mode,
+        circuit_failure_threshold: 3,
+        circuit_cooldown: Duration::from_millis(200),
+        reload_interval: None,
+        ..LimiterConfig::default()
+    };
+    Limiter::new(
+        RuleSet::parse_fairlane(RULES, "t").expect("rules"),
+        Arc::new(backend),
+        config,
+    )
+}
+
+fn user(id: &str) -> RateLimitRequest {
+    RateLimitRequest::new().with(DescriptorKey::UserId, id)
+}
+
+async fn timed_check(limiter: &Limiter, id: &str) -> RateLimitOutcome {
+    let start = Instant::now();
+    let outcome = limiter.check(&user(id)).await;
+    let took = start.elapsed();
+    assert!(took < DEADLINE + SLACK, "a decision took {took:?}");
+    outcome
+}
+
+/// 3 allowed then denied, all by Redis itself.
+async fn assert_limited_by_redis(limiter: &Limiter, id: &str) {
+    for i in 0..4 {
+        let outcome = timed_check(limiter, id).await;
+        assert_eq!(
+            outcome.limits[0].source,
+            DecisionSource::Backend,
+            "request {i}"
+        );
+        assert_eq!(outcome.allowed, i < 3, "request {i}");
+    }
+}
+
+async fn wait_for_recovery(limiter: &Limiter) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut probe = 0;
+    loop {
+        probe += 1;
+        let outcome = timed_check(limiter, &format!("probe-{probe}")).await;
+        if outcome.limits[0].source == DecisionSource::Backend {
+            return;
+        }
+        assert!(Instant::now() < deadline, "limiting did not resume");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_falls_back_to_memory_and_recovers() {
+    let mut redis = PrivateRedis::start();
+    let limiter = limiter(&redis, FailureMode::FallbackToMemory);
+    assert_limited_by_redis(&limiter, "before").await;
+
+    redis.kill();
+    // The in-memory fallback still limits (per replica): 3 allowed, then denied.
+    for i in 0..40 {
+        let outcome = timed_check(&limiter, "during").await;
+        assert_eq!(
+            outcome.limits[0].source,
+            DecisionSource::Fallback,
+            "request {i}"
+        );
+        assert_eq!(outcome.allowed, i < 3, "request {i}");
+    }
+    let stats = limiter.stats();
+    assert_eq!(stats.fallback_decisions, 40);
+    assert!(
+        stats.backend_errors + stats.backend_timeouts >= 3,
+        "{stats:?}"
+    );
+    assert!(
+        stats.circuit_open_skips > 0,
+        "the circuit never opened: {stats:?}"
+    );
+    assert_eq!(stats.failed_open, 0);
+
+    // Same port, fresh server: the limiter finds it again without help.
+    redis.restart();
+    wait_for_recovery(&limiter).await;
+    assert_limited_by_redis(&limiter, "after").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_fails_open_when_configured_and_recovers() {
+    let mut redis = PrivateRedis::start();
+    let limiter = limiter(&redis, FailureMode::FailOpen);
+    assert_limited_by_redis(&limiter, "before").await;
+
+    redis.kill();
+    for i in 0..40 {
+        let outcome = timed_check(&limiter, "during").await;
+        assert!(outcome.allowed, "request {i} was not let through");
+        assert_eq!(outcome.limits[0].kind, DecisionKind::FailedOpen);
+        assert_eq!(outcome.limits[0].source, DecisionSource::None);
+    }
+    let stats = limiter.stats();
+    assert_eq!(stats.failed_open, 40);
+    assert_eq!(stats.fallback_decisions, 0);
+    assert!(stats.circuit_open_skips > 0, "{stats:?}");
+
+    redis.restart();
+    wait_for_recovery(&limiter).await;
+    assert_limited_by_redis(&limiter, "after").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_redis_costs_at_most_the_deadline() {
+    // SIGSTOP: the server accepts nothing and answers nothing; only the deadline helps.
+    let redis = PrivateRedis::start();
+    let limiter = limiter(&redis, FailureMode::FailOpen);
+    assert_limited_by_redis(&limiter, "before").await;
+    let pid = redis.pid();
+    let stop = std::process::Command::new("kill")
+        .args(["-STOP", &pid.to_string()])
+        .status()
+        .expect("kill -STOP");
+    assert!(stop.success());
+    for _ in 0..20 {
+        let outcome = timed_check(&limiter, "hung").await;
+        assert!(outcome.allowed);
+        assert_eq!(outcome.limits[0].kind, DecisionKind::FailedOpen);
+    }
+    let stats = limiter.stats();
+    assert!(stats.backend_timeouts >= 3, "{stats:?}");
+    assert!(stats.circuit_open_skips > 0, "{stats:?}");
+    let cont = std::process::Command::new("kill")
+        .args(["-CONT", &pid.to_string()])
+        .status()
+        .expect("kill -CONT");
+    assert!(cont.success());
+    wait_for_recovery(&limiter).await;
+    assert_limited_by_redis(&limiter, "after").await;
+}
