@@ -255,19 +255,45 @@ impl Git {
     }
 }
 
-/// Waits (briefly) until no process of the group is left, so the checkout can be removed.
+/// Waits (briefly) until no live process of the group is left, so the checkout can be removed.
 async fn wait_group_gone(guard: &mut GroupGuard) {
     let Some(pgid) = guard.pgid else { return };
     for _ in 0..100 {
-        match killpg(pgid, None) {
-            Err(Errno::ESRCH) => break,
-            _ => {
-                let _ = killpg(pgid, Signal::SIGKILL);
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+        if !group_has_live_members(pgid) {
+            break;
         }
+        let _ = killpg(pgid, Signal::SIGKILL);
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     guard.pgid = None;
+}
+
+/// Whether any process of group `pgid` is still running. Zombies (killed helpers waiting for
+/// whoever inherited them to reap them) do not count: they hold no files. Without `/proc`, any
+/// member counts.
+fn group_has_live_members(pgid: Pid) -> bool {
+    if matches!(killpg(pgid, None), Err(Errno::ESRCH)) {
+        return false;
+    }
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    for entry in entries.flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // Fields after the parenthesised command name: state, ppid, pgrp, …
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let mut fields = rest.split_whitespace();
+        let state = fields.next().unwrap_or("");
+        let pgrp = fields.nth(1).and_then(|f| f.parse::<i32>().ok());
+        if pgrp == Some(pgid.as_raw()) && !matches!(state, "Z" | "X") {
+            return true;
+        }
+    }
+    false
 }
 
 async fn read_tail(mut reader: impl AsyncRead + Unpin) -> Vec<u8> {
