@@ -212,7 +212,11 @@ fn render_node(out: &mut String, node: &SpecNode, depth: usize) {
 fn insert(nodes: &mut Vec<SpecNode>, framework: Framework, test: &TestCase) {
     let mut level = nodes;
     for (depth, segment) in test.suite.iter().enumerate() {
-        let position = level.iter().position(|n| &n.name == segment);
+        // Only Go tests are also suites (of their subtests); elsewhere a test named like a suite
+        // stays a separate node.
+        let position = level.iter().position(|n| {
+            &n.name == segment && (n.kind == NodeKind::Suite || framework == Framework::Go)
+        });
         let index = match position {
             Some(index) => index,
             None => {
@@ -416,6 +420,35 @@ mod tests {
             "a \\*b\\* \\[c\\](d) \\`e\\` \\<f\\> x\\_y"
         );
         assert_eq!(code_span("a`b"), "`` a`b ``");
+    }
+
+    #[test]
+    fn only_go_tests_hold_children() {
+        use crate::model::{FileInventory, ScanStats};
+        let case = |name: &str, suite: &[&str]| TestCase {
+            name: name.into(),
+            suite: suite.iter().map(|s| (*s).to_string()).collect(),
+            line: 1,
+            modifier: Modifier::None,
+            parameterized: false,
+            display_name: None,
+        };
+        let inventory = Inventory::from_files(
+            vec![FileInventory {
+                path: "a.test.js".into(),
+                framework: Framework::Jest,
+                tests: vec![case("login", &[]), case("works", &["login"])],
+                other: Vec::new(),
+            }],
+            ScanStats::default(),
+        );
+        let spec = Spec::from_inventory(&inventory);
+        let kinds: Vec<_> = spec.files[0]
+            .nodes
+            .iter()
+            .map(|n| (n.kind, n.children.len()))
+            .collect();
+        assert_eq!(kinds, [(NodeKind::Behaviour, 0), (NodeKind::Suite, 1)]);
     }
 
     #[test]

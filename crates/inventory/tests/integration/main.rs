@@ -10,3 +10,4 @@ mod resolve;
 mod spec_golden;
 mod support;
 mod url_dns;
+mod walk;
