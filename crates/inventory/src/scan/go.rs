@@ -1,0 +1,270 @@
+//! Finds Go tests in `*_test.go` files: `func TestXxx(t *testing.T)`, testify-style suite methods
+//! `func (s *Suite) TestXxx()`, subtests `t.Run("name", func(t *testing.T) {…})` (nested, where
+//! the name is a literal), and benchmarks, fuzz targets and examples reported apart.
+
+use super::lexer::{Lang, Tok, Token, lex};
+use super::{Found, matching};
+use crate::model::{Framework, Modifier, OtherFunction, OtherKind, TestCase};
+
+/// Whether `name` is `prefix` followed by nothing or by a character that is not lowercase, the
+/// rule `go test` applies.
+fn has_go_prefix(name: &str, prefix: &str) -> bool {
+    name.strip_prefix(prefix)
+        .is_some_and(|rest| rest.chars().next().is_none_or(|c| !c.is_lowercase()))
+}
+
+/// If `params` is exactly `name *testing.<kind>`, the parameter name.
+fn testing_param<'s>(params: &[Token<'s>], kind: &str) -> Option<&'s str> {
+    match params {
+        [name, star, pkg, dot, ty]
+            if name.kind == Tok::Ident
+                && star.is_punct(b'*')
+                && pkg.is_ident("testing")
+                && dot.is_punct(b'.')
+                && ty.is_ident(kind) =>
+        {
+            Some(name.text)
+        }
+        _ => None,
+    }
+}
+
+/// Whether the block opening at `open` starts with an unconditional `<var>.Skip…(`.
+fn leading_skip(toks: &[Token<'_>], open: usize, var: &str) -> bool {
+    matches!(
+        toks.get(open + 1..open + 4),
+        Some([v, dot, call]) if v.is_ident(var) && dot.is_punct(b'.')
+            && matches!(call.text, "Skip" | "Skipf" | "SkipNow")
+    )
+}
+
+fn test_case(name: &str, suite: Vec<String>, line: u32, skip: bool) -> TestCase {
+    TestCase {
+        name: name.to_string(),
+        suite,
+        line,
+        modifier: if skip { Modifier::Skip } else { Modifier::None },
+        parameterized: false,
+        display_name: None,
+    }
+}
+
+pub(crate) fn scan(src: &str) -> Found {
+    let toks = lex(src, Lang::Go);
+    let mut found = Found::default();
+    let mut depth = 0usize;
+    let mut i = 0;
+    while i < toks.len() {
+        let t = &toks[i];
+        if t.is_punct(b'{') {
+            depth += 1;
+        } else if t.is_punct(b'}') {
+            depth = depth.saturating_sub(1);
+        } else if depth == 0
+            && t.is_ident("func")
+            && let Some(next) = function(&toks, i, &mut found)
+        {
+            i = next;
+            continue;
+        }
+        i += 1;
+    }
+    found
+}
+
+/// Handles a top-level `func` at `at`; returns the index after its body.
+fn function(toks: &[Token<'_>], at: usize, found: &mut Found) -> Option<usize> {
+    let mut j = at + 1;
+    let mut receiver: Option<String> = None;
+    if toks.get(j)?.is_punct(b'(') {
+        let close = matching(toks, j);
+        receiver = toks[j + 1..close]
+            .iter()
+            .rev()
+            .find(|t| t.kind == Tok::Ident)
+            .map(|t| t.text.to_string());
+        j = close + 1;
+    }
+    let name = toks.get(j).filter(|t| t.kind == Tok::Ident)?;
+    let open_params = j + 1;
+    if !toks.get(open_params)?.is_punct(b'(') {
+        return None;
+    }
+    let close_params = matching(toks, open_params);
+    let params = &toks[open_params + 1..close_params.min(toks.len())];
+    let body_open = (close_params..toks.len()).find(|&k| toks[k].is_punct(b'{'))?;
+    let body_close = matching(toks, body_open);
+
+    let other = |kind| OtherFunction {
+        kind,
+        name: name.text.to_string(),
+        line: name.line,
+    };
+    match (&receiver, name.text) {
+        (None, n) if has_go_prefix(n, "Test") => {
+            if let Some(var) = testing_param(params, "T") {
+                let skip = leading_skip(toks, body_open, var);
+                found
+                    .tests
+                    .push((Framework::Go, test_case(n, Vec::new(), name.line, skip)));
+                subtests(
+                    toks,
+                    body_open + 1,
+                    body_close,
+                    var,
+                    &[n.to_string()],
+                    skip,
+                    found,
+                );
+            }
+        }
+        (Some(recv), n) if has_go_prefix(n, "Test") && params.is_empty() => {
+            found.tests.push((
+                Framework::Go,
+                test_case(n, vec![recv.clone()], name.line, false),
+            ));
+        }
+        (None, n) if has_go_prefix(n, "Benchmark") && testing_param(params, "B").is_some() => {
+            found.other.push(other(OtherKind::Benchmark));
+        }
+        (None, n) if has_go_prefix(n, "Fuzz") && testing_param(params, "F").is_some() => {
+            found.other.push(other(OtherKind::Fuzz));
+        }
+        (None, n) if has_go_prefix(n, "Example") && params.is_empty() => {
+            found.other.push(other(OtherKind::Example));
+        }
+        _ => {}
+    }
+    Some(body_close + 1)
+}
+
+/// Records `var.Run("literal", …)` calls between `from` and `to` as children of `suite`, and
+/// recurses into their `func(t *testing.T) {…}` bodies.
+fn subtests(
+    toks: &[Token<'_>],
+    from: usize,
+    to: usize,
+    var: &str,
+    suite: &[String],
+    parent_skipped: bool,
+    found: &mut Found,
+) {
+    let mut j = from;
+    while j < to.min(toks.len()) {
+        let is_run = matches!(
+            toks.get(j..j + 4),
+            Some([v, dot, run, open]) if v.is_ident(var) && dot.is_punct(b'.')
+                && run.is_ident("Run") && open.is_punct(b'(')
+        );
+        if !is_run {
+            j += 1;
+            continue;
+        }
+        let open = j + 3;
+        let close = matching(toks, open);
+        if let Some(name_tok) = toks.get(open + 1)
+            && let Some(name) = name_tok.str_value()
+        {
+            let mut skip = parent_skipped;
+            let mut child_body = None;
+            // `, func(<v> *testing.T) {`
+            if toks.get(open + 2).is_some_and(|t| t.is_punct(b','))
+                && toks.get(open + 3).is_some_and(|t| t.is_ident("func"))
+                && toks.get(open + 4).is_some_and(|t| t.is_punct(b'('))
+            {
+                let pclose = matching(toks, open + 4);
+                if let Some(child_var) = testing_param(&toks[open + 5..pclose.min(toks.len())], "T")
+                    && toks.get(pclose + 1).is_some_and(|t| t.is_punct(b'{'))
+                {
+                    let body_open = pclose + 1;
+                    skip = skip || leading_skip(toks, body_open, child_var);
+                    child_body = Some((body_open, matching(toks, body_open), child_var));
+                }
+            }
+            found.tests.push((
+                Framework::Go,
+                test_case(name, suite.to_vec(), name_tok.line, skip),
+            ));
+            if let Some((body_open, body_close, child_var)) = child_body {
+                let mut child_suite = suite.to_vec();
+                child_suite.push(name.to_string());
+                subtests(
+                    toks,
+                    body_open + 1,
+                    body_close,
+                    child_var,
+                    &child_suite,
+                    skip,
+                    found,
+                );
+            }
+        }
+        j = close + 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_tests_subtests_and_others() {
+        let src = r#"package x
+import "testing"
+// func TestCommented(t *testing.T) {}
+func TestParse(t *testing.T) {
+	t.Run("empty input", func(t *testing.T) {
+		t.Run("with_spaces", func(t *testing.T) {})
+	})
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) { t.Run("hidden", nil) })
+	}
+	t.Run(`raw`, helper)
+}
+func Test(t *testing.T) { t.Skip("later") }
+func Testlower(t *testing.T) {}
+func TestWrongParam(b *testing.B) {}
+func helperTest(t *testing.T) {}
+func BenchmarkParse(b *testing.B) {}
+func FuzzParse(f *testing.F) {}
+func ExampleParse() {}
+func (s *StoreSuite) TestSaves() {}
+func (s *StoreSuite) SetupTest() {}
+"#;
+        let found = scan(src);
+        let tests: Vec<_> = found
+            .tests
+            .iter()
+            .map(|(_, t)| (t.suite.join("/"), t.name.as_str(), t.line, t.modifier))
+            .collect();
+        assert_eq!(
+            tests,
+            [
+                (String::new(), "TestParse", 4, Modifier::None),
+                ("TestParse".into(), "empty input", 5, Modifier::None),
+                (
+                    "TestParse/empty input".into(),
+                    "with_spaces",
+                    6,
+                    Modifier::None
+                ),
+                ("TestParse".into(), "raw", 11, Modifier::None),
+                (String::new(), "Test", 13, Modifier::Skip),
+                ("StoreSuite".into(), "TestSaves", 20, Modifier::None),
+            ]
+        );
+        let others: Vec<_> = found
+            .other
+            .iter()
+            .map(|o| (o.kind, o.name.as_str()))
+            .collect();
+        assert_eq!(
+            others,
+            [
+                (OtherKind::Benchmark, "BenchmarkParse"),
+                (OtherKind::Fuzz, "FuzzParse"),
+                (OtherKind::Example, "ExampleParse"),
+            ]
+        );
+    }
+}

@@ -1,0 +1,312 @@
+//! Finds Java tests: methods annotated `@Test`, `@ParameterizedTest`, `@RepeatedTest`,
+//! `@TestFactory` or `@TestTemplate` (JUnit 4/5, TestNG), with enclosing classes (nested ones
+//! too) as suite, `@Disabled`/`@Ignore` (on the method or a class) as skip and `@DisplayName`.
+
+use super::lexer::{Lang, Tok, Token, lex};
+use super::{Found, matching};
+use crate::model::{Framework, Modifier, TestCase};
+
+const TEST_ANNOTATIONS: [&str; 5] = [
+    "Test",
+    "ParameterizedTest",
+    "RepeatedTest",
+    "TestFactory",
+    "TestTemplate",
+];
+const MULTI_RUN_ANNOTATIONS: [&str; 4] = [
+    "ParameterizedTest",
+    "RepeatedTest",
+    "TestFactory",
+    "TestTemplate",
+];
+const SKIP_ANNOTATIONS: [&str; 2] = ["Disabled", "Ignore"];
+
+struct Annotation {
+    /// Full dotted name as written (`org.junit.Test` or `Test`).
+    name: String,
+    /// The first string argument, if any (`@DisplayName("…")`).
+    text: Option<String>,
+}
+
+impl Annotation {
+    fn simple_name(&self) -> &str {
+        self.name.rsplit('.').next().unwrap_or(&self.name)
+    }
+}
+
+struct ClassScope {
+    name: String,
+    skip: bool,
+}
+
+/// The framework named by the file's imports (or fully qualified annotations).
+fn detect_framework(toks: &[Token<'_>]) -> Framework {
+    let mut junit4 = false;
+    let mut testng = false;
+    for (k, t) in toks.iter().enumerate() {
+        let qualified = if t.is_ident("import") || t.is_punct(b'@') {
+            dotted(&toks[k + 1..])
+        } else {
+            String::new()
+        };
+        let qualified = qualified.trim_start_matches("static.");
+        if qualified.starts_with("org.junit.jupiter") {
+            return Framework::Junit5;
+        } else if qualified.starts_with("org.testng") {
+            testng = true;
+        } else if qualified.starts_with("org.junit.") {
+            junit4 = true;
+        }
+    }
+    if testng {
+        Framework::Testng
+    } else if junit4 {
+        Framework::Junit4
+    } else {
+        Framework::Junit5
+    }
+}
+
+/// A dotted name (`org.junit.Test`) from the start of `toks`, and how many tokens it spans.
+fn dotted_span(toks: &[Token<'_>]) -> (String, usize) {
+    let mut out = String::new();
+    let mut width = 0;
+    while let Some(t) = toks.get(width) {
+        let want_ident = width % 2 == 0;
+        match t.kind {
+            Tok::Ident if want_ident => out.push_str(t.text),
+            Tok::Punct(b'.') if !want_ident => out.push('.'),
+            _ => break,
+        }
+        width += 1;
+    }
+    (out, width)
+}
+
+/// A dotted name from the start of `toks` (`static` is kept as a first segment).
+fn dotted(toks: &[Token<'_>]) -> String {
+    dotted_span(toks).0
+}
+
+pub(crate) fn scan(src: &str) -> Found {
+    let toks = lex(src, Lang::Java);
+    let framework = detect_framework(&toks);
+    let mut found = Found::default();
+    let mut scopes: Vec<Option<ClassScope>> = Vec::new();
+    let mut annotations: Vec<Annotation> = Vec::new();
+    let mut pending_class: Option<ClassScope> = None;
+    let mut i = 0;
+    while i < toks.len() {
+        let t = &toks[i];
+        let prev_is_dot = i > 0 && toks[i - 1].is_punct(b'.');
+        match t.kind {
+            Tok::Punct(b'@')
+                if toks
+                    .get(i + 1)
+                    .is_some_and(|n| n.kind == Tok::Ident && n.text != "interface") =>
+            {
+                let (name, width) = dotted_span(&toks[i + 1..]);
+                let mut next = i + 1 + width;
+                let mut text = None;
+                if toks.get(next).is_some_and(|n| n.is_punct(b'(')) {
+                    let close = matching(&toks, next);
+                    text = toks[next + 1..close.min(toks.len())]
+                        .iter()
+                        .find_map(|a| a.str_value().map(str::to_string));
+                    next = close + 1;
+                }
+                annotations.push(Annotation { name, text });
+                i = next;
+                continue;
+            }
+            Tok::Ident
+                if matches!(t.text, "class" | "interface" | "enum" | "record")
+                    && !prev_is_dot
+                    && toks.get(i + 1).is_some_and(|n| n.kind == Tok::Ident) =>
+            {
+                let skip = annotations
+                    .iter()
+                    .any(|a| SKIP_ANNOTATIONS.contains(&a.simple_name()));
+                pending_class = Some(ClassScope {
+                    name: toks[i + 1].text.to_string(),
+                    skip,
+                });
+                annotations.clear();
+                i += 2;
+                continue;
+            }
+            Tok::Ident
+                if toks.get(i + 1).is_some_and(|n| n.is_punct(b'(')) && !annotations.is_empty() =>
+            {
+                let is_test = annotations
+                    .iter()
+                    .any(|a| TEST_ANNOTATIONS.contains(&a.simple_name()));
+                let in_class = scopes.last().is_some_and(Option::is_some);
+                if is_test && in_class {
+                    let skip = annotations
+                        .iter()
+                        .any(|a| SKIP_ANNOTATIONS.contains(&a.simple_name()))
+                        || scopes.iter().flatten().any(|c| c.skip);
+                    found.tests.push((
+                        framework,
+                        TestCase {
+                            name: t.text.to_string(),
+                            suite: scopes.iter().flatten().map(|c| c.name.clone()).collect(),
+                            line: t.line,
+                            modifier: if skip { Modifier::Skip } else { Modifier::None },
+                            parameterized: annotations
+                                .iter()
+                                .any(|a| MULTI_RUN_ANNOTATIONS.contains(&a.simple_name())),
+                            display_name: annotations
+                                .iter()
+                                .find(|a| a.simple_name() == "DisplayName")
+                                .and_then(|a| a.text.clone()),
+                        },
+                    ));
+                }
+                annotations.clear();
+            }
+            Tok::Punct(b'{') => {
+                scopes.push(pending_class.take());
+                annotations.clear();
+            }
+            Tok::Punct(b'}') => {
+                scopes.pop();
+                annotations.clear();
+            }
+            Tok::Punct(b';' | b'=') => annotations.clear(),
+            _ => {}
+        }
+        i += 1;
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_annotated_methods_in_nested_classes() {
+        let src = r#"package x;
+import org.junit.jupiter.api.*;
+import org.junit.jupiter.params.ParameterizedTest;
+
+@DisplayName("Users")
+class UserServiceTest {
+    // @Test void commented() {}
+    String s = "@Test void inString() {}";
+
+    @Test
+    void createsUser() {}
+
+    @ParameterizedTest
+    @ValueSource(strings = {"a", "b"})
+    void acceptsNames(String name) {}
+
+    @Test @Disabled("later") public void disabledOne() throws Exception {}
+
+    @RepeatedTest(3) void repeats() {}
+
+    @Test
+    @DisplayName("rejects expired tokens")
+    void rejectsExpired() {
+        Object o = new Object() { public String toString() { return ""; } };
+    }
+
+    void helper() {}
+
+    @Nested
+    @Disabled
+    class WhenAdmin {
+        @TestFactory
+        Stream<DynamicTest> dynamicTests() { return Stream.empty(); }
+    }
+
+    @Override
+    public String toString() { return Foo.class.getName(); }
+}
+"#;
+        let found = scan(src);
+        let tests: Vec<_> = found
+            .tests
+            .iter()
+            .map(|(f, t)| {
+                assert_eq!(*f, Framework::Junit5);
+                (
+                    t.suite.join("$"),
+                    t.name.as_str(),
+                    t.line,
+                    t.modifier,
+                    t.parameterized,
+                    t.display_name.as_deref(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            tests,
+            [
+                (
+                    "UserServiceTest".into(),
+                    "createsUser",
+                    11,
+                    Modifier::None,
+                    false,
+                    None
+                ),
+                (
+                    "UserServiceTest".into(),
+                    "acceptsNames",
+                    15,
+                    Modifier::None,
+                    true,
+                    None
+                ),
+                (
+                    "UserServiceTest".into(),
+                    "disabledOne",
+                    17,
+                    Modifier::Skip,
+                    false,
+                    None
+                ),
+                (
+                    "UserServiceTest".into(),
+                    "repeats",
+                    19,
+                    Modifier::None,
+                    true,
+                    None
+                ),
+                (
+                    "UserServiceTest".into(),
+                    "rejectsExpired",
+                    23,
+                    Modifier::None,
+                    false,
+                    Some("rejects expired tokens")
+                ),
+                (
+                    "UserServiceTest$WhenAdmin".into(),
+                    "dynamicTests",
+                    33,
+                    Modifier::Skip,
+                    true,
+                    None
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn junit4_and_testng_detection() {
+        let j4 = scan(
+            "import org.junit.Test;\npublic class ATest { @Test(expected = X.class) public void a() {} @Ignore @Test public void b() {} }",
+        );
+        assert!(j4.tests.iter().all(|(f, _)| *f == Framework::Junit4));
+        assert_eq!(j4.tests.len(), 2);
+        assert_eq!(j4.tests[1].1.modifier, Modifier::Skip);
+        let ng = scan("import org.testng.annotations.Test;\nclass B { @Test void c() {} }");
+        assert_eq!(ng.tests[0].0, Framework::Testng);
+    }
+}

@@ -1,0 +1,355 @@
+//! Finds JavaScript/TypeScript tests (Jest, Vitest, Mocha, Playwright): `describe`/`context`/
+//! `suite` blocks nesting into suites, `it`/`test`/`specify` calls as tests, with `.skip`,
+//! `.only`, `.todo`, `x…`/`f…` prefixes as modifiers and `.each`/`.for` as parameterized.
+//! Also tells which runner a file is written for, from its imports and globals.
+
+use super::lexer::{Lang, Tok, Token, lex};
+use super::{Found, matching};
+use crate::model::{Framework, Modifier, TestCase};
+
+const SUITE_FUNCTIONS: [&str; 6] = [
+    "describe",
+    "context",
+    "suite",
+    "fdescribe",
+    "xdescribe",
+    "xcontext",
+];
+const TEST_FUNCTIONS: [&str; 7] = ["it", "test", "specify", "fit", "xit", "xtest", "xspecify"];
+/// Chain members that keep a call a suite/test call; any other member (`test.step`,
+/// `test.beforeEach`, `describe.configure`…) means it is not one.
+const KNOWN_MEMBERS: [&str; 15] = [
+    "skip",
+    "only",
+    "todo",
+    "each",
+    "for",
+    "concurrent",
+    "sequential",
+    "serial",
+    "parallel",
+    "failing",
+    "fails",
+    "fixme",
+    "skipIf",
+    "runIf",
+    "describe",
+];
+/// Members that take their own argument list (or a tagged template) before the real call.
+const CALLED_MEMBERS: [&str; 4] = ["each", "for", "skipIf", "runIf"];
+
+/// Which runner the file's own imports or globals name, if any.
+pub(crate) fn detect_framework(toks: &[Token<'_>]) -> Option<Framework> {
+    let mut by_global = None;
+    for (k, t) in toks.iter().enumerate() {
+        match &t.kind {
+            Tok::Str(v) => match v.as_str() {
+                "vitest" => return Some(Framework::Vitest),
+                "@playwright/test" => return Some(Framework::Playwright),
+                "mocha" => return Some(Framework::Mocha),
+                "@jest/globals" => return Some(Framework::Jest),
+                _ => {}
+            },
+            Tok::Ident
+                if by_global.is_none() && toks.get(k + 1).is_some_and(|n| n.is_punct(b'.')) =>
+            {
+                let member = toks.get(k + 2).map_or("", |m| m.text);
+                if t.text == "jest" {
+                    by_global = Some(Framework::Jest);
+                } else if t.text == "vi"
+                    && matches!(member, "fn" | "mock" | "spyOn" | "useFakeTimers")
+                {
+                    by_global = Some(Framework::Vitest);
+                }
+            }
+            _ => {}
+        }
+    }
+    by_global
+}
+
+struct OpenSuite {
+    name: String,
+    modifier: Modifier,
+    /// Index of the closing `)` of the suite call.
+    end: usize,
+}
+
+/// Scans a test file; `fallback` is the framework to use when the file names none (from the
+/// nearest `package.json`, else Jest).
+pub(crate) fn scan(src: &str, fallback: Framework) -> Found {
+    let toks = lex(src, Lang::Js);
+    let framework = detect_framework(&toks).unwrap_or(fallback);
+    let mut found = Found::default();
+    let mut suites: Vec<OpenSuite> = Vec::new();
+    let mut i = 0;
+    while i < toks.len() {
+        while suites.last().is_some_and(|s| s.end <= i) {
+            suites.pop();
+        }
+        if let Some(call) = parse_call(&toks, i) {
+            let own = call.modifier;
+            if call.is_suite {
+                suites.push(OpenSuite {
+                    name: call.name,
+                    modifier: own,
+                    end: call.close,
+                });
+            } else {
+                let inherited: Vec<Modifier> = suites.iter().map(|s| s.modifier).collect();
+                let modifier = effective_modifier(own, &inherited);
+                found.tests.push((
+                    framework,
+                    TestCase {
+                        name: call.name,
+                        suite: suites.iter().map(|s| s.name.clone()).collect(),
+                        line: toks[i].line,
+                        modifier,
+                        parameterized: call.parameterized,
+                        display_name: None,
+                    },
+                ));
+            }
+            i = call.open + 1;
+            continue;
+        }
+        i += 1;
+    }
+    found
+}
+
+/// Skip anywhere on the path wins; then the test's own todo; then focus anywhere.
+fn effective_modifier(own: Modifier, inherited: &[Modifier]) -> Modifier {
+    let all = || std::iter::once(own).chain(inherited.iter().copied());
+    if all().any(|m| m == Modifier::Skip) {
+        Modifier::Skip
+    } else if own == Modifier::Todo {
+        Modifier::Todo
+    } else if all().any(|m| m == Modifier::Only) {
+        Modifier::Only
+    } else {
+        Modifier::None
+    }
+}
+
+struct Call {
+    is_suite: bool,
+    name: String,
+    modifier: Modifier,
+    parameterized: bool,
+    /// Index of the `(` of the call that carries the name.
+    open: usize,
+    /// Index of its closing `)`.
+    close: usize,
+}
+
+/// Recognises `describe(…)`, `it.skip(…)`, `test.each([...])(…)`, `test.describe.serial(…)`…
+/// starting at token `i`.
+fn parse_call(toks: &[Token<'_>], i: usize) -> Option<Call> {
+    let base = toks.get(i).filter(|t| t.kind == Tok::Ident)?;
+    let is_suite_base = SUITE_FUNCTIONS.contains(&base.text);
+    if !is_suite_base && !TEST_FUNCTIONS.contains(&base.text) {
+        return None;
+    }
+    if i > 0 {
+        let prev = &toks[i - 1];
+        // A member access (`regex.test(`), or a declaration (`function test(`).
+        if prev.is_punct(b'.') || prev.is_ident("function") {
+            return None;
+        }
+    }
+    let mut members: Vec<&str> = Vec::new();
+    let mut j = i + 1;
+    while toks.get(j).is_some_and(|t| t.is_punct(b'.')) {
+        let member = toks.get(j + 1).filter(|t| t.kind == Tok::Ident)?;
+        if !KNOWN_MEMBERS.contains(&member.text) {
+            return None;
+        }
+        members.push(member.text);
+        j += 2;
+        if CALLED_MEMBERS.contains(&member.text) {
+            match toks.get(j) {
+                Some(t) if t.is_punct(b'(') => j = matching(toks, j) + 1,
+                Some(t) if matches!(t.kind, Tok::Str(_)) => j += 1,
+                _ => return None,
+            }
+        }
+    }
+    let open = j;
+    if !toks.get(open)?.is_punct(b'(') {
+        return None;
+    }
+    let close = matching(toks, open);
+    let first = toks.get(open + 1)?;
+    let name = match first.str_value() {
+        Some(v) => v.to_string(),
+        None => {
+            // A non-literal title: use the expression's source text.
+            let mut end = open + 1;
+            let mut depth = 0i32;
+            while end < close {
+                match toks[end].kind {
+                    Tok::Punct(b'(' | b'[' | b'{') => depth += 1,
+                    Tok::Punct(b')' | b']' | b'}') => depth -= 1,
+                    Tok::Punct(b',') if depth == 0 => break,
+                    _ => {}
+                }
+                end += 1;
+            }
+            if end == open + 1 {
+                return None;
+            }
+            source_span(toks, open + 1, end)
+        }
+    };
+    let is_suite = is_suite_base || members.contains(&"describe");
+    let mut modifier = Modifier::None;
+    if base.text.starts_with('x') {
+        modifier = Modifier::Skip;
+    } else if base.text.starts_with('f') {
+        modifier = Modifier::Only;
+    }
+    for m in &members {
+        match *m {
+            "skip" | "fixme" => modifier = Modifier::Skip,
+            "only" if modifier == Modifier::None => modifier = Modifier::Only,
+            "todo" if modifier == Modifier::None => modifier = Modifier::Todo,
+            _ => {}
+        }
+    }
+    Some(Call {
+        is_suite,
+        name,
+        modifier,
+        parameterized: members.iter().any(|m| matches!(*m, "each" | "for")),
+        open,
+        close,
+    })
+}
+
+/// The text of tokens `from..to`, joined with single spaces where the source had whitespace.
+fn source_span(toks: &[Token<'_>], from: usize, to: usize) -> String {
+    let mut out = String::new();
+    for (k, t) in toks[from..to].iter().enumerate() {
+        if k > 0 {
+            let prev = &toks[from + k - 1];
+            if prev.start + prev.text.len() < t.start {
+                out.push(' ');
+            }
+        }
+        out.push_str(t.text);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tests(src: &str) -> Vec<(String, String, Modifier, bool)> {
+        scan(src, Framework::Jest)
+            .tests
+            .into_iter()
+            .map(|(_, t)| (t.suite.join(" > "), t.name, t.modifier, t.parameterized))
+            .collect()
+    }
+
+    #[test]
+    fn nests_suites_and_reads_modifiers() {
+        let src = r#"
+import { describe, it, expect } from 'vitest';
+// it('commented out', () => {})
+/* test('block comment', () => {}) */
+describe('UserService', () => {
+  it('creates a user', async () => {
+    expect(/it\('x'\)/.test(s)).toBe(true);
+  });
+  it.skip("rejects expired tokens", () => {});
+  describe.only(`admin ${role}`, () => {
+    test('can delete', () => {});
+    xit('is skipped by x', () => {});
+  });
+  it.each([[1, 2], [2, 3]])('adds %i', (a, b) => {});
+  test.each`
+    a | b
+  `('table $a', () => {});
+  it.todo('writes docs');
+});
+xdescribe('Legacy', function () {
+  fit('focused but skipped', function () {});
+});
+describe(UserService, () => { specify('by class', () => {}) });
+function test(name) { return name; }
+const result = helper.test('not a test');
+test.step('not a test either', () => {});
+"#;
+        assert_eq!(
+            tests(src),
+            [
+                (
+                    "UserService".into(),
+                    "creates a user".into(),
+                    Modifier::None,
+                    false
+                ),
+                (
+                    "UserService".into(),
+                    "rejects expired tokens".into(),
+                    Modifier::Skip,
+                    false
+                ),
+                (
+                    "UserService > admin ${role}".into(),
+                    "can delete".into(),
+                    Modifier::Only,
+                    false
+                ),
+                (
+                    "UserService > admin ${role}".into(),
+                    "is skipped by x".into(),
+                    Modifier::Skip,
+                    false
+                ),
+                ("UserService".into(), "adds %i".into(), Modifier::None, true),
+                (
+                    "UserService".into(),
+                    "table $a".into(),
+                    Modifier::None,
+                    true
+                ),
+                (
+                    "UserService".into(),
+                    "writes docs".into(),
+                    Modifier::Todo,
+                    false
+                ),
+                (
+                    "Legacy".into(),
+                    "focused but skipped".into(),
+                    Modifier::Skip,
+                    false
+                ),
+                (
+                    "UserService".into(),
+                    "by class".into(),
+                    Modifier::None,
+                    false
+                ),
+            ]
+        );
+        assert_eq!(scan(src, Framework::Jest).tests[0].0, Framework::Vitest);
+    }
+
+    #[test]
+    fn playwright_describe_and_framework_detection() {
+        let src = "import { test } from '@playwright/test';\ntest.describe.serial('checkout', () => {\n  test('pays', async ({ page }) => {});\n  test.describe.configure({ mode: 'serial' });\n});";
+        let found = scan(src, Framework::Jest);
+        assert_eq!(found.tests.len(), 1);
+        assert_eq!(found.tests[0].0, Framework::Playwright);
+        assert_eq!(found.tests[0].1.suite, ["checkout"]);
+        let jest = scan("jest.mock('x');\ntest('a', () => {})", Framework::Mocha);
+        assert_eq!(jest.tests[0].0, Framework::Jest);
+        let fallback = scan("test('a', () => {})", Framework::Mocha);
+        assert_eq!(fallback.tests[0].0, Framework::Mocha);
+    }
+}

@@ -1,0 +1,388 @@
+//! Walks a checked-out tree and inventories its tests per file and framework.
+//!
+//! Which files are read: every `.rs` and `.java` file; Go `*_test.go`; Python `test*.py` and
+//! `*_test.py`; JavaScript/TypeScript (`js jsx ts tsx mjs cjs mts cts`) named `*.test.*` or
+//! `*.spec.*` or lying under a `__tests__/` directory. The walk skips hidden directories (`.git`,
+//! `.venv`, …), dependency and build output directories (see [`SKIPPED_DIRECTORIES`]) and Go's
+//! `testdata/`, never follows symbolic links, and skips files over the size cap.
+
+mod go;
+mod java;
+mod js;
+mod lexer;
+mod python;
+mod rust;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::model::{FileInventory, Framework, Inventory, OtherFunction, ScanStats, TestCase};
+use lexer::{Tok, Token};
+
+/// Directory names never descended into (besides every name starting with `.`).
+pub const SKIPPED_DIRECTORIES: [&str; 15] = [
+    "node_modules",
+    "bower_components",
+    "jspm_packages",
+    "vendor",
+    "target",
+    "dist",
+    "build",
+    "venv",
+    "__pycache__",
+    "site-packages",
+    "coverage",
+    "htmlcov",
+    "testdata",
+    "__fixtures__",
+    "__snapshots__",
+];
+
+const JS_EXTENSIONS: [&str; 8] = ["js", "jsx", "ts", "tsx", "mjs", "cjs", "mts", "cts"];
+
+/// Bounds for a scan.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScanOptions {
+    /// Candidate files larger than this are skipped (counted in [`ScanStats::files_too_large`]).
+    pub max_file_bytes: u64,
+    /// The walk stops with [`ScanError::TooManyFiles`] after visiting more regular files.
+    pub max_files: u64,
+    /// Directories deeper than this are not descended into.
+    pub max_depth: usize,
+}
+
+impl Default for ScanOptions {
+    fn default() -> Self {
+        ScanOptions {
+            max_file_bytes: 1024 * 1024,
+            max_files: 200_000,
+            max_depth: 64,
+        }
+    }
+}
+
+/// Why a scan failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ScanError {
+    /// The tree could not be read.
+    #[error("could not read `{path}` while scanning: {source}")]
+    Io {
+        /// Path relative to the scanned root.
+        path: String,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// The tree has more files than allowed.
+    #[error("the tree has more than {limit} files")]
+    TooManyFiles {
+        /// The cap.
+        limit: u64,
+    },
+}
+
+/// What the language scanners report for one file.
+#[derive(Debug, Default)]
+pub(crate) struct Found {
+    pub(crate) tests: Vec<(Framework, TestCase)>,
+    pub(crate) other: Vec<OtherFunction>,
+}
+
+/// The index of the bracket closing the one at `open` (same kind), or the last index if the
+/// source is unbalanced.
+pub(crate) fn matching(toks: &[Token<'_>], open: usize) -> usize {
+    let (o, c) = match toks.get(open).map(|t| &t.kind) {
+        Some(Tok::Punct(b'(')) => (b'(', b')'),
+        Some(Tok::Punct(b'[')) => (b'[', b']'),
+        Some(Tok::Punct(b'{')) => (b'{', b'}'),
+        _ => return open,
+    };
+    let mut depth = 0usize;
+    for (k, t) in toks.iter().enumerate().skip(open) {
+        if t.kind == Tok::Punct(o) {
+            depth += 1;
+        } else if t.kind == Tok::Punct(c) {
+            depth -= 1;
+            if depth == 0 {
+                return k;
+            }
+        }
+    }
+    toks.len().saturating_sub(1).max(open)
+}
+
+/// Which scanner a file needs, from its path alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceKind {
+    /// Any `.rs` file.
+    Rust,
+    /// A `*_test.go` file.
+    Go,
+    /// A `test*.py` or `*_test.py` file.
+    Python,
+    /// A JavaScript/TypeScript test file.
+    JavaScript,
+    /// Any `.java` file.
+    Java,
+}
+
+impl SourceKind {
+    /// Classifies a `/`-separated relative path; `None` if the file is not scanned.
+    pub fn of_path(path: &str) -> Option<SourceKind> {
+        let file = path.rsplit('/').next().unwrap_or(path);
+        let (stem, ext) = file.rsplit_once('.')?;
+        match ext {
+            "rs" => Some(SourceKind::Rust),
+            "java" => Some(SourceKind::Java),
+            "go" if stem.ends_with("_test") => Some(SourceKind::Go),
+            "py" if stem.starts_with("test") || stem.ends_with("_test") => Some(SourceKind::Python),
+            e if JS_EXTENSIONS.contains(&e) => {
+                let marked = stem.ends_with(".test")
+                    || stem.ends_with(".spec")
+                    || stem.contains(".test.")
+                    || stem.contains(".spec.");
+                let under_tests = path.split('/').rev().skip(1).any(|d| d == "__tests__");
+                (marked || under_tests).then_some(SourceKind::JavaScript)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Inventories one file's source. `js_fallback` is the framework for JavaScript files that name
+/// none themselves. Returns one entry per framework found (possibly none).
+pub fn scan_source(
+    path: &str,
+    kind: SourceKind,
+    source: &str,
+    js_fallback: Framework,
+) -> Vec<FileInventory> {
+    let found = match kind {
+        SourceKind::Rust => rust::scan(source),
+        SourceKind::Go => go::scan(source),
+        SourceKind::Python => python::scan(source),
+        SourceKind::JavaScript => js::scan(source, js_fallback),
+        SourceKind::Java => java::scan(source),
+    };
+    let mut by_framework: BTreeMap<Framework, FileInventory> = BTreeMap::new();
+    for (framework, test) in found.tests {
+        by_framework
+            .entry(framework)
+            .or_insert_with(|| empty_file(path, framework))
+            .tests
+            .push(test);
+    }
+    if !found.other.is_empty() {
+        by_framework
+            .entry(Framework::Go)
+            .or_insert_with(|| empty_file(path, Framework::Go))
+            .other = found.other;
+    }
+    by_framework.into_values().collect()
+}
+
+fn empty_file(path: &str, framework: Framework) -> FileInventory {
+    FileInventory {
+        path: path.to_string(),
+        framework,
+        tests: Vec::new(),
+        other: Vec::new(),
+    }
+}
+
+/// Walks `root` and inventories every test file in it. Blocking: call it from
+/// `spawn_blocking` in async code.
+pub fn scan_tree(root: &Path, options: &ScanOptions) -> Result<Inventory, ScanError> {
+    let mut walker = Walker {
+        root,
+        options,
+        stats: ScanStats::default(),
+        files: Vec::new(),
+        js_hints: HashMap::new(),
+    };
+    walker.walk_dir(root, "", 0)?;
+    Ok(Inventory::from_files(walker.files, walker.stats))
+}
+
+struct Walker<'a> {
+    root: &'a Path,
+    options: &'a ScanOptions,
+    stats: ScanStats,
+    files: Vec<FileInventory>,
+    /// Nearest-`package.json` runner per relative directory.
+    js_hints: HashMap<String, Option<Framework>>,
+}
+
+fn io_error(path: &str, source: io::Error) -> ScanError {
+    ScanError::Io {
+        path: if path.is_empty() {
+            ".".into()
+        } else {
+            path.into()
+        },
+        source,
+    }
+}
+
+impl Walker<'_> {
+    fn walk_dir(&mut self, dir: &Path, rel: &str, depth: usize) -> Result<(), ScanError> {
+        let mut entries: Vec<(String, PathBuf, fs::FileType)> = Vec::new();
+        for entry in fs::read_dir(dir).map_err(|e| io_error(rel, e))? {
+            let entry = entry.map_err(|e| io_error(rel, e))?;
+            let file_type = entry.file_type().map_err(|e| io_error(rel, e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            entries.push((name, entry.path(), file_type));
+        }
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        for (name, path, file_type) in entries {
+            let child_rel = if rel.is_empty() {
+                name.clone()
+            } else {
+                format!("{rel}/{name}")
+            };
+            if file_type.is_symlink() {
+                self.stats.symlinks_skipped += 1;
+            } else if file_type.is_dir() {
+                if !name.starts_with('.')
+                    && !SKIPPED_DIRECTORIES.contains(&name.as_str())
+                    && depth < self.options.max_depth
+                {
+                    self.walk_dir(&path, &child_rel, depth + 1)?;
+                }
+            } else if file_type.is_file() {
+                self.stats.files_visited += 1;
+                if self.stats.files_visited > self.options.max_files {
+                    return Err(ScanError::TooManyFiles {
+                        limit: self.options.max_files,
+                    });
+                }
+                self.visit_file(&path, &child_rel)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn visit_file(&mut self, path: &Path, rel: &str) -> Result<(), ScanError> {
+        let Some(kind) = SourceKind::of_path(rel) else {
+            return Ok(());
+        };
+        let len = fs::symlink_metadata(path)
+            .map_err(|e| io_error(rel, e))?
+            .len();
+        if len > self.options.max_file_bytes {
+            self.stats.files_too_large += 1;
+            return Ok(());
+        }
+        let bytes = fs::read(path).map_err(|e| io_error(rel, e))?;
+        let source = String::from_utf8_lossy(&bytes);
+        self.stats.files_scanned += 1;
+        let fallback = if kind == SourceKind::JavaScript {
+            let dir = rel.rsplit_once('/').map_or("", |(d, _)| d);
+            self.js_hint(dir).unwrap_or(Framework::Jest)
+        } else {
+            Framework::Jest
+        };
+        self.files.extend(scan_source(rel, kind, &source, fallback));
+        Ok(())
+    }
+
+    /// The runner named by the nearest `package.json` at or above `dir` (inside the root).
+    fn js_hint(&mut self, dir: &str) -> Option<Framework> {
+        if let Some(hint) = self.js_hints.get(dir) {
+            return *hint;
+        }
+        let own = self.package_json_runner(dir);
+        let hint = match own {
+            Some(found) => found,
+            None if dir.is_empty() => None,
+            None => {
+                let parent = dir.rsplit_once('/').map_or("", |(p, _)| p);
+                self.js_hint(parent)
+            }
+        };
+        self.js_hints.insert(dir.to_string(), hint);
+        hint
+    }
+
+    /// `None` if `dir` has no readable `package.json`; `Some(runner)` if it has one.
+    fn package_json_runner(&self, dir: &str) -> Option<Option<Framework>> {
+        let path = if dir.is_empty() {
+            self.root.join("package.json")
+        } else {
+            self.root.join(dir).join("package.json")
+        };
+        let meta = fs::symlink_metadata(&path).ok()?;
+        if !meta.is_file() || meta.len() > self.options.max_file_bytes {
+            return None;
+        }
+        let json: serde_json::Value = serde_json::from_slice(&fs::read(&path).ok()?).ok()?;
+        Some(runner_from_package_json(&json))
+    }
+}
+
+/// The test runner a `package.json` depends on (Vitest, then Jest, then Mocha).
+fn runner_from_package_json(json: &serde_json::Value) -> Option<Framework> {
+    let has = |name: &str| {
+        ["dependencies", "devDependencies", "peerDependencies"]
+            .iter()
+            .any(|section| json.get(section).and_then(|s| s.get(name)).is_some())
+    };
+    if has("vitest") {
+        Some(Framework::Vitest)
+    } else if has("jest") || has("ts-jest") || has("react-scripts") {
+        Some(Framework::Jest)
+    } else if has("mocha") {
+        Some(Framework::Mocha)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_paths() {
+        let cases = [
+            ("src/lib.rs", Some(SourceKind::Rust)),
+            ("pkg/parse_test.go", Some(SourceKind::Go)),
+            ("pkg/parse.go", None),
+            ("tests/test_login.py", Some(SourceKind::Python)),
+            ("login_test.py", Some(SourceKind::Python)),
+            ("tests.py", Some(SourceKind::Python)),
+            ("helpers.py", None),
+            ("a/b.test.ts", Some(SourceKind::JavaScript)),
+            ("a/b.spec.jsx", Some(SourceKind::JavaScript)),
+            ("a/b.test.stories.tsx", Some(SourceKind::JavaScript)),
+            ("a/__tests__/b.mjs", Some(SourceKind::JavaScript)),
+            ("__tests__.js", None),
+            ("a/b.js", None),
+            ("a/test.js", None),
+            ("a/b.test.json", None),
+            ("src/main/java/A.java", Some(SourceKind::Java)),
+            ("Makefile", None),
+        ];
+        for (path, want) in cases {
+            assert_eq!(SourceKind::of_path(path), want, "{path}");
+        }
+    }
+
+    #[test]
+    fn package_json_runner_order() {
+        let v = serde_json::json!({"devDependencies": {"jest": "1", "vitest": "2"}});
+        assert_eq!(runner_from_package_json(&v), Some(Framework::Vitest));
+        let m = serde_json::json!({"dependencies": {"mocha": "1"}});
+        assert_eq!(runner_from_package_json(&m), Some(Framework::Mocha));
+        assert_eq!(runner_from_package_json(&serde_json::json!({})), None);
+    }
+
+    #[test]
+    fn matching_handles_nesting_and_imbalance() {
+        let toks = lexer::lex("f(a(b), [c]) (", lexer::Lang::Js);
+        assert_eq!(matching(&toks, 1), 10);
+        assert_eq!(matching(&toks, 11), 11);
+    }
+}

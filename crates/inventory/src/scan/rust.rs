@@ -1,0 +1,188 @@
+//! Finds Rust tests: functions carrying a test attribute (`#[test]`, `#[tokio::test]`,
+//! `#[rstest]`, `#[test_case(..)]`, any `#[…::test]`), with their enclosing modules as suite.
+
+use super::lexer::{Lang, Tok, Token, lex};
+use super::{Found, matching};
+use crate::model::{Framework, Modifier, TestCase};
+
+/// Attribute paths that make a function a test (besides any path ending in `::test`).
+const TEST_ATTRIBUTES: [&str; 5] = [
+    "test",
+    "rstest",
+    "test_case",
+    "wasm_bindgen_test",
+    "quickcheck",
+];
+
+fn is_test_attribute(path: &str) -> bool {
+    TEST_ATTRIBUTES.contains(&path) || path.ends_with("::test")
+}
+
+/// The path of an attribute (`tokio::test` in `#[tokio::test(flavor = "…")]`).
+fn attribute_path(tokens: &[Token<'_>]) -> String {
+    let mut path = String::new();
+    for t in tokens {
+        match t.kind {
+            Tok::Ident => path.push_str(t.text),
+            Tok::Punct(b':') => path.push(':'),
+            _ => break,
+        }
+    }
+    path
+}
+
+pub(crate) fn scan(src: &str) -> Found {
+    let toks = lex(src, Lang::Rust);
+    let mut found = Found::default();
+    // One entry per open brace: `Some(name)` for a module body.
+    let mut scopes: Vec<Option<String>> = Vec::new();
+    let mut pending_mod: Option<String> = None;
+    let mut attributes: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < toks.len() {
+        let t = &toks[i];
+        let next = toks.get(i + 1);
+        match t.kind {
+            Tok::Punct(b'#') => {
+                let inner = next.is_some_and(|n| n.is_punct(b'!'));
+                let open = if inner { i + 2 } else { i + 1 };
+                if toks.get(open).is_some_and(|o| o.is_punct(b'[')) {
+                    let close = matching(&toks, open);
+                    if !inner {
+                        attributes.push(attribute_path(&toks[open + 1..close]));
+                    }
+                    i = close + 1;
+                    continue;
+                }
+            }
+            Tok::Ident if t.text == "mod" && next.is_some_and(|n| n.kind == Tok::Ident) => {
+                pending_mod = next.map(|n| n.text.to_string());
+                attributes.clear();
+                i += 2;
+                continue;
+            }
+            Tok::Ident if t.text == "fn" && next.is_some_and(|n| n.kind == Tok::Ident) => {
+                if let Some(name) = next
+                    && attributes.iter().any(|a| is_test_attribute(a))
+                {
+                    let skip = attributes.iter().any(|a| a == "ignore");
+                    let parameterized = attributes.iter().any(|a| a == "case" || a == "test_case");
+                    found.tests.push((
+                        Framework::Rust,
+                        TestCase {
+                            name: name.text.trim_start_matches("r#").to_string(),
+                            suite: scopes.iter().flatten().cloned().collect(),
+                            line: name.line,
+                            modifier: if skip { Modifier::Skip } else { Modifier::None },
+                            parameterized,
+                            display_name: None,
+                        },
+                    ));
+                }
+                attributes.clear();
+                i += 2;
+                continue;
+            }
+            Tok::Punct(b'{') => {
+                scopes.push(pending_mod.take());
+                attributes.clear();
+            }
+            Tok::Punct(b'}') => {
+                scopes.pop();
+                attributes.clear();
+            }
+            Tok::Punct(b';') => {
+                pending_mod = None;
+                attributes.clear();
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(src: &str) -> Vec<(String, String, u32, Modifier, bool)> {
+        scan(src)
+            .tests
+            .into_iter()
+            .map(|(_, t)| {
+                (
+                    t.suite.join("::"),
+                    t.name,
+                    t.line,
+                    t.modifier,
+                    t.parameterized,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn finds_attributes_modules_and_modifiers() {
+        let src = r##"
+//! #[test] fn in_doc() {}
+fn helper() { let s = "#[test] fn in_string() {}"; }
+/* #[test] fn in_block() {} */
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn plain() {}
+    #[tokio::test(flavor = "multi_thread")]
+    async fn tokio_one() {}
+    #[test]
+    #[ignore = "slow"]
+    fn ignored() {}
+    mod inner {
+        #[rstest]
+        #[case(1)]
+        #[case(2)]
+        fn cases(#[case] n: u32) {}
+        #[sqlx::test]
+        pub async fn with_db() {}
+    }
+    #[derive(Debug)]
+    struct NotATest;
+    fn not_a_test() {}
+}
+mod declared_elsewhere;
+#[test_case(1 ; "one")]
+fn top_level(n: u32) {}
+macro_rules! gen { ($n:ident) => { #[test] fn $n() {} } }
+"##;
+        assert_eq!(
+            names(src),
+            [
+                ("tests".into(), "plain".into(), 9, Modifier::None, false),
+                (
+                    "tests".into(),
+                    "tokio_one".into(),
+                    11,
+                    Modifier::None,
+                    false
+                ),
+                ("tests".into(), "ignored".into(), 14, Modifier::Skip, false),
+                (
+                    "tests::inner".into(),
+                    "cases".into(),
+                    19,
+                    Modifier::None,
+                    true
+                ),
+                (
+                    "tests::inner".into(),
+                    "with_db".into(),
+                    21,
+                    Modifier::None,
+                    false
+                ),
+                (String::new(), "top_level".into(), 29, Modifier::None, true),
+            ]
+        );
+    }
+}

@@ -1,0 +1,462 @@
+//! Turns an [`Inventory`] into a behaviour specification: per file, a tree of suites and
+//! behaviours whose titles are readable sentences, plus a stable Markdown rendering.
+//!
+//! # Sentences
+//!
+//! [`sentence`] turns a test name into words: a name that already contains spaces is prose and
+//! is kept (whitespace collapsed); an identifier loses a `test`/`Test`/`test_` prefix and a
+//! `_test`/`Test` suffix, is split at `_`, `-`, `.` and camel-case boundaries, and each word is
+//! lower-cased unless it is an acronym (`HTTP`, `IDs`). So `test_user_can_login` and
+//! `TestUserCanLogin` read "user can login", `shouldReturnEmptyList` "should return empty list",
+//! `TestHTTPServerStarts` "HTTP server starts". JUnit `@DisplayName` titles are used verbatim.
+//! JavaScript suite titles (`describe("…")`) are kept as written; other suite names (Rust
+//! modules, Python/Java classes, Go parent tests and subtests) go through [`sentence`].
+//!
+//! # Markdown format (stable)
+//!
+//! ```text
+//! # Behaviour specification
+//!
+//! <B> behaviours in <F> files (<k> skipped, <o> focused, <t> to do).
+//!
+//! ## `<path>` (<framework>)
+//!
+//! - <behaviour sentence>
+//! - <behaviour sentence> _(each case)_ _(skipped)_
+//! - **<suite title>**
+//!   - <behaviour sentence>
+//!   - <behaviour with subtests>
+//!     - <subtest sentence>
+//! ```
+//!
+//! Files appear in inventory order (path, then framework). Within a file, nodes keep source
+//! order; a suite appears where its first test appears. Behaviour lines carry `_(each case)_`
+//! when parameterized, then `_(skipped)_`, `_(focused)_` or `_(to do)_`. The parenthesis of the
+//! summary lists only non-zero counts and is left out when all are zero ("1 behaviour in 1 file.").
+//! An empty inventory renders "No tests found." under the heading. Markdown-significant
+//! characters in titles are backslash-escaped; indentation is two spaces per level; the text ends
+//! with exactly one newline.
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Framework, Inventory, Language, Modifier, TestCase};
+
+/// A behaviour specification.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Spec {
+    /// One entry per inventory file entry, in inventory order.
+    pub files: Vec<SpecFile>,
+    /// Number of behaviours (tests).
+    pub behaviours: u64,
+    /// Behaviours marked skipped.
+    pub skipped: u64,
+    /// Behaviours marked focused (`only`).
+    pub focused: u64,
+    /// Behaviours marked to do.
+    pub todo: u64,
+}
+
+/// The behaviours of one file and framework.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpecFile {
+    /// Relative path.
+    pub path: String,
+    /// Framework.
+    pub framework: Framework,
+    /// Top-level nodes in source order.
+    pub nodes: Vec<SpecNode>,
+}
+
+/// Whether a node is a grouping or a test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeKind {
+    /// A suite (describe block, module, class) that is not itself a test.
+    Suite,
+    /// A test; it has children when it declares subtests (Go).
+    Behaviour,
+}
+
+/// A suite or behaviour with its readable title.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpecNode {
+    /// Suite or behaviour.
+    pub kind: NodeKind,
+    /// The name as found in source.
+    pub name: String,
+    /// The readable title.
+    pub title: String,
+    /// Line of a behaviour (`None` for suites).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<u32>,
+    /// A behaviour's modifier (`none` for suites).
+    pub modifier: Modifier,
+    /// Whether a behaviour runs once per case.
+    pub parameterized: bool,
+    /// Nested nodes in source order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub children: Vec<SpecNode>,
+}
+
+impl Spec {
+    /// Builds the specification of an inventory.
+    pub fn from_inventory(inventory: &Inventory) -> Spec {
+        let mut spec = Spec {
+            files: Vec::new(),
+            behaviours: 0,
+            skipped: 0,
+            focused: 0,
+            todo: 0,
+        };
+        for file in &inventory.files {
+            if file.tests.is_empty() {
+                continue;
+            }
+            let mut nodes: Vec<SpecNode> = Vec::new();
+            for test in &file.tests {
+                spec.behaviours += 1;
+                match test.modifier {
+                    Modifier::None => {}
+                    Modifier::Skip => spec.skipped += 1,
+                    Modifier::Only => spec.focused += 1,
+                    Modifier::Todo => spec.todo += 1,
+                }
+                insert(&mut nodes, file.framework, test);
+            }
+            spec.files.push(SpecFile {
+                path: file.path.clone(),
+                framework: file.framework,
+                nodes,
+            });
+        }
+        spec
+    }
+
+    /// The Markdown rendering described in the module documentation.
+    pub fn to_markdown(&self) -> String {
+        let mut out = String::from("# Behaviour specification\n\n");
+        if self.files.is_empty() {
+            out.push_str("No tests found.\n");
+            return out;
+        }
+        let plural = |n: u64, one: &str, many: &str| {
+            if n == 1 {
+                format!("{n} {one}")
+            } else {
+                format!("{n} {many}")
+            }
+        };
+        out.push_str(&plural(self.behaviours, "behaviour", "behaviours"));
+        out.push_str(" in ");
+        out.push_str(&plural(self.files.len() as u64, "file", "files"));
+        let parts: Vec<String> = [
+            (self.skipped, "skipped"),
+            (self.focused, "focused"),
+            (self.todo, "to do"),
+        ]
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{n} {what}"))
+        .collect();
+        if !parts.is_empty() {
+            out.push_str(" (");
+            out.push_str(&parts.join(", "));
+            out.push(')');
+        }
+        out.push_str(".\n");
+        for file in &self.files {
+            out.push_str("\n## ");
+            out.push_str(&code_span(&file.path));
+            out.push_str(" (");
+            out.push_str(file.framework.as_str());
+            out.push_str(")\n\n");
+            for node in &file.nodes {
+                render_node(&mut out, node, 0);
+            }
+        }
+        out
+    }
+}
+
+fn render_node(out: &mut String, node: &SpecNode, depth: usize) {
+    for _ in 0..depth {
+        out.push_str("  ");
+    }
+    out.push_str("- ");
+    match node.kind {
+        NodeKind::Suite => {
+            out.push_str("**");
+            out.push_str(&escape_markdown(&node.title));
+            out.push_str("**");
+        }
+        NodeKind::Behaviour => {
+            out.push_str(&escape_markdown(&node.title));
+            if node.parameterized {
+                out.push_str(" _(each case)_");
+            }
+            match node.modifier {
+                Modifier::None => {}
+                Modifier::Skip => out.push_str(" _(skipped)_"),
+                Modifier::Only => out.push_str(" _(focused)_"),
+                Modifier::Todo => out.push_str(" _(to do)_"),
+            }
+        }
+    }
+    out.push('\n');
+    for child in &node.children {
+        render_node(out, child, depth + 1);
+    }
+}
+
+/// Places `test` in the tree under its suite path, creating suite nodes as needed.
+fn insert(nodes: &mut Vec<SpecNode>, framework: Framework, test: &TestCase) {
+    let mut level = nodes;
+    for (depth, segment) in test.suite.iter().enumerate() {
+        // Only Go tests are also suites (of their subtests); elsewhere a test named like a suite
+        // stays a separate node.
+        let position = level.iter().position(|n| {
+            &n.name == segment && (n.kind == NodeKind::Suite || framework == Framework::Go)
+        });
+        let index = match position {
+            Some(index) => index,
+            None => {
+                level.push(SpecNode {
+                    kind: NodeKind::Suite,
+                    name: segment.clone(),
+                    title: suite_title(framework, depth, segment),
+                    line: None,
+                    modifier: Modifier::None,
+                    parameterized: false,
+                    children: Vec::new(),
+                });
+                level.len() - 1
+            }
+        };
+        level = &mut level[index].children;
+    }
+    let title = match &test.display_name {
+        Some(display) => collapse_whitespace(display),
+        None => sentence(&test.name),
+    };
+    level.push(SpecNode {
+        kind: NodeKind::Behaviour,
+        name: test.name.clone(),
+        title,
+        line: Some(test.line),
+        modifier: test.modifier,
+        parameterized: test.parameterized,
+        children: Vec::new(),
+    });
+}
+
+fn suite_title(framework: Framework, _depth: usize, name: &str) -> String {
+    if framework.language() == Language::JavaScript {
+        collapse_whitespace(name)
+    } else {
+        sentence(name)
+    }
+}
+
+fn collapse_whitespace(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Turns a test name into a readable sentence (see the module documentation).
+pub fn sentence(name: &str) -> String {
+    let prose = collapse_whitespace(name);
+    if prose.is_empty() || prose.contains(' ') {
+        return prose;
+    }
+    let core = strip_affixes(&prose);
+    let words: Vec<String> = core
+        .split(['_', '-', '.'])
+        .flat_map(camel_words)
+        .map(|w| readable_word(&w))
+        .collect();
+    if words.is_empty() {
+        prose
+    } else {
+        words.join(" ")
+    }
+}
+
+fn strip_affixes(name: &str) -> &str {
+    let next_is_boundary = |rest: &str| {
+        rest.chars()
+            .next()
+            .is_some_and(|c| c.is_uppercase() || c.is_ascii_digit() || c == '_')
+    };
+    let mut core = name;
+    if let Some(rest) = core
+        .strip_prefix("test_")
+        .or_else(|| core.strip_prefix("Test_"))
+    {
+        core = rest;
+    } else if let Some(rest) = core
+        .strip_prefix("test")
+        .or_else(|| core.strip_prefix("Test"))
+        && next_is_boundary(rest)
+    {
+        core = rest.trim_start_matches('_');
+    }
+    for suffix in ["_tests", "_test", "Tests", "Test"] {
+        if let Some(rest) = core.strip_suffix(suffix)
+            && !rest.is_empty()
+        {
+            core = rest;
+            break;
+        }
+    }
+    if core.chars().any(char::is_alphanumeric) {
+        core
+    } else {
+        name
+    }
+}
+
+/// Splits a camel-case word: `HTTPServerStarts` → `HTTP`, `Server`, `Starts`; keeps `URLs`.
+fn camel_words(segment: &str) -> Vec<String> {
+    let chars: Vec<char> = segment.chars().collect();
+    let mut words = Vec::new();
+    let mut current = String::new();
+    for (k, &c) in chars.iter().enumerate() {
+        if k > 0 && c.is_uppercase() {
+            let prev = chars[k - 1];
+            let next = chars.get(k + 1).copied();
+            let after_lower = prev.is_lowercase() || prev.is_ascii_digit();
+            let acronym_end = prev.is_uppercase()
+                && next.is_some_and(char::is_lowercase)
+                && !(next == Some('s') && k + 2 == chars.len());
+            if (after_lower || acronym_end) && !current.is_empty() {
+                words.push(std::mem::take(&mut current));
+            }
+        }
+        current.push(c);
+    }
+    if !current.is_empty() {
+        words.push(current);
+    }
+    words
+}
+
+fn readable_word(word: &str) -> String {
+    let upper = word.chars().filter(|c| c.is_uppercase()).count();
+    let all_caps = word.chars().all(|c| c.is_uppercase() || c.is_ascii_digit());
+    let plural_acronym = word
+        .strip_suffix('s')
+        .is_some_and(|stem| stem.chars().count() >= 2 && stem.chars().all(char::is_uppercase));
+    if (upper >= 2 && all_caps) || plural_acronym {
+        word.to_string()
+    } else {
+        word.to_lowercase()
+    }
+}
+
+fn escape_markdown(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(
+            c,
+            '\\' | '`' | '*' | '_' | '[' | ']' | '<' | '>' | '#' | '|'
+        ) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn code_span(text: &str) -> String {
+    if text.contains('`') {
+        format!("`` {text} ``")
+    } else {
+        format!("`{text}`")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sentences() {
+        let cases = [
+            ("test_user_can_login", "user can login"),
+            ("TestUserCanLogin", "user can login"),
+            ("shouldReturnEmptyList", "should return empty list"),
+            ("rejects expired tokens", "rejects expired tokens"),
+            ("  rejects   expired\ttokens ", "rejects expired tokens"),
+            ("returns_error_on_empty", "returns error on empty"),
+            ("TestHTTPServerStarts", "HTTP server starts"),
+            ("testParseJSON", "parse JSON"),
+            ("test_parse_JSON_body", "parse JSON body"),
+            ("TestReturnsAValue", "returns a value"),
+            ("TestListsURLs", "lists URLs"),
+            ("TestBase64Encoding", "base64 encoding"),
+            ("UserServiceTest", "user service"),
+            ("parse_works_test", "parse works"),
+            ("tests", "tests"),
+            ("testing_helpers", "testing helpers"),
+            ("Test", "test"),
+            ("test", "test"),
+            ("TestIOError", "IO error"),
+            (
+                "givenUser_whenLogin_thenToken",
+                "given user when login then token",
+            ),
+            ("TestLogin", "login"),
+            ("with_spaces", "with spaces"),
+            ("", ""),
+        ];
+        for (name, want) in cases {
+            assert_eq!(sentence(name), want, "{name:?}");
+        }
+    }
+
+    #[test]
+    fn escapes_markdown() {
+        assert_eq!(
+            escape_markdown("a *b* [c](d) `e` <f> x_y"),
+            "a \\*b\\* \\[c\\](d) \\`e\\` \\<f\\> x\\_y"
+        );
+        assert_eq!(code_span("a`b"), "`` a`b ``");
+    }
+
+    #[test]
+    fn only_go_tests_hold_children() {
+        use crate::model::{FileInventory, ScanStats};
+        let case = |name: &str, suite: &[&str]| TestCase {
+            name: name.into(),
+            suite: suite.iter().map(|s| (*s).to_string()).collect(),
+            line: 1,
+            modifier: Modifier::None,
+            parameterized: false,
+            display_name: None,
+        };
+        let inventory = Inventory::from_files(
+            vec![FileInventory {
+                path: "a.test.js".into(),
+                framework: Framework::Jest,
+                tests: vec![case("login", &[]), case("works", &["login"])],
+                other: Vec::new(),
+            }],
+            ScanStats::default(),
+        );
+        let spec = Spec::from_inventory(&inventory);
+        let kinds: Vec<_> = spec.files[0]
+            .nodes
+            .iter()
+            .map(|n| (n.kind, n.children.len()))
+            .collect();
+        assert_eq!(kinds, [(NodeKind::Behaviour, 0), (NodeKind::Suite, 1)]);
+    }
+
+    #[test]
+    fn empty_inventory() {
+        let spec = Spec::from_inventory(&Inventory::default());
+        assert_eq!(
+            spec.to_markdown(),
+            "# Behaviour specification\n\nNo tests found.\n"
+        );
+    }
+}

@@ -1,0 +1,56 @@
+//! The tree walk on its own (no git): exclusions, symlinks, the size cap and the file cap.
+
+use inventory::scan::{ScanError, ScanOptions, scan_tree};
+
+use crate::support::TempDir;
+
+fn write(root: &std::path::Path, rel: &str, contents: &str) {
+    let path = root.join(rel);
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, contents).unwrap();
+}
+
+#[test]
+fn skips_excluded_folders_symlinks_and_oversized_files() {
+    let dir = TempDir::new("walk");
+    let root = dir.path();
+    let test_fn = "#[test]\nfn counted() {}\n";
+    write(root, "src/lib.rs", test_fn);
+    write(root, ".hidden/lib.rs", test_fn);
+    write(root, "target/debug/build.rs", test_fn);
+    write(root, "vendor/dep/lib.rs", test_fn);
+    write(
+        root,
+        "pkg/testdata/x_test.go",
+        "package x\nfunc TestX(t *testing.T) {}\n",
+    );
+    let big = format!("{test_fn}// {}\n", "x".repeat(4096));
+    write(root, "src/big.rs", &big);
+    // A symlink to a test file and one to a folder outside the tree: neither is followed.
+    let outside = TempDir::new("walk-outside");
+    write(outside.path(), "outside.rs", test_fn);
+    std::os::unix::fs::symlink(root.join("src/lib.rs"), root.join("src/link.rs")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), root.join("escape")).unwrap();
+
+    let options = ScanOptions {
+        max_file_bytes: 1024,
+        ..ScanOptions::default()
+    };
+    let inventory = scan_tree(root, &options).unwrap();
+    let paths: Vec<_> = inventory.files.iter().map(|f| f.path.as_str()).collect();
+    assert_eq!(paths, ["src/lib.rs"]);
+    assert_eq!(inventory.totals.overall.tests, 1);
+    assert_eq!(inventory.stats.files_too_large, 1);
+    assert_eq!(inventory.stats.symlinks_skipped, 2);
+    assert_eq!(inventory.stats.files_scanned, 1);
+    assert_eq!(inventory.stats.files_visited, 2);
+
+    let capped = ScanOptions {
+        max_files: 1,
+        ..ScanOptions::default()
+    };
+    assert!(matches!(
+        scan_tree(root, &capped),
+        Err(ScanError::TooManyFiles { limit: 1 })
+    ));
+}
