@@ -1,0 +1,37 @@
+//! `cargo xtask bench <suite>`: runs a benchmark target (each prints its own markdown report)
+//! against real servers started or found like the tests', but with durable settings.
+
+use crate::services::{self, Durability};
+use crate::test::cargo;
+use crate::workspace_root;
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub(crate) enum Suite {
+    /// Bulk insert, burn-down, sustained latency, table health (issue: queue engine).
+    Queue,
+    /// Decisions/s and p99 of the in-memory and Redis limiters.
+    Ratelimit,
+}
+
+impl Suite {
+    fn target(self) -> (&'static str, &'static str) {
+        match self {
+            Suite::Queue => ("queue", "queue"),
+            Suite::Ratelimit => ("ratelimit", "ratelimit"),
+        }
+    }
+}
+
+pub(crate) fn run(suite: Suite) -> anyhow::Result<()> {
+    let database_url = services::postgres(Durability::Default)?;
+    let redis_url = services::redis()?;
+    let (package, bench) = suite.target();
+    cargo(
+        &workspace_root(),
+        &["bench", "--package", package, "--bench", bench],
+        &[
+            ("DATABASE_URL", database_url.as_str()),
+            ("REDIS_URL", redis_url.as_str()),
+        ],
+    )
+}

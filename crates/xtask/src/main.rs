@@ -1,0 +1,67 @@
+//! `cargo xtask`: the developer's entry point. `test` runs every check and test against real
+//! PostgreSQL and Redis (starting private servers when none is reachable), `bench` runs the
+//! benchmarks.
+
+mod bench;
+mod services;
+mod test;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "Fairlane developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Format check, clippy, then every test against real PostgreSQL and Redis.
+    Test {
+        /// Skip `cargo fmt --check` and clippy.
+        #[arg(long)]
+        no_lint: bool,
+        /// Extra arguments for cargo-nextest (or cargo test), e.g. a test filter.
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// Run a benchmark and print its report.
+    Bench {
+        #[arg(value_enum)]
+        suite: bench::Suite,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Test { no_lint, args } => test::run(!no_lint, &args),
+        Command::Bench { suite } => bench::run(suite),
+    };
+    if let Err(e) = result {
+        #[allow(clippy::print_stderr)]
+        {
+            eprintln!("xtask: {e:#}");
+        }
+        std::process::exit(1);
+    }
+}
+
+/// The workspace root (xtask lives in `crates/xtask`).
+fn workspace_root() -> std::path::PathBuf {
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .ancestors()
+        .nth(2)
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_else(|| manifest.to_path_buf())
+}
+
+/// Prints a progress line to stderr.
+fn say(message: impl std::fmt::Display) {
+    #[allow(clippy::print_stderr)]
+    {
+        eprintln!("xtask: {message}");
+    }
+}

@@ -1,0 +1,255 @@
+//! Finding or starting the PostgreSQL and Redis servers tests, benchmarks and `dev` need.
+//!
+//! Order of preference: the URL in the environment; a server already listening on the standard
+//! local port; a private server started from the installed binaries, with its data in
+//! `.fairlane/` (as the `postgres` user when running as root, because initdb refuses root).
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+use crate::{say, workspace_root};
+
+const LOCAL_PG: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+const LOCAL_REDIS: &str = "redis://127.0.0.1:6379";
+const PRIVATE_PG_PORT: u16 = 55432;
+const PRIVATE_REDIS_PORT: u16 = 56379;
+
+/// How the private PostgreSQL should trade durability for speed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Durability {
+    /// fsync off: for throwaway test data only.
+    Tests,
+    /// Server defaults: for benchmarks and `dev`.
+    Default,
+}
+
+/// `XTASK_PRIVATE_SERVERS=1` skips the environment and the standard ports (to exercise the
+/// private-server path, or to keep a run away from shared servers).
+fn private_only() -> bool {
+    std::env::var("XTASK_PRIVATE_SERVERS").is_ok_and(|v| v == "1")
+}
+
+pub(crate) fn postgres(durability: Durability) -> anyhow::Result<String> {
+    if private_only() {
+        return start_private_postgres(durability);
+    }
+    if let Ok(url) = std::env::var("DATABASE_URL") {
+        return Ok(url);
+    }
+    if reachable("127.0.0.1:5432") {
+        return Ok(LOCAL_PG.to_owned());
+    }
+    say("no PostgreSQL on 127.0.0.1:5432; starting a private one");
+    start_private_postgres(durability)
+}
+
+pub(crate) fn redis() -> anyhow::Result<String> {
+    if private_only() {
+        return start_private_redis();
+    }
+    if let Ok(url) = std::env::var("REDIS_URL") {
+        return Ok(url);
+    }
+    if redis_answers("127.0.0.1:6379") {
+        return Ok(LOCAL_REDIS.to_owned());
+    }
+    say("no Redis on 127.0.0.1:6379; starting a private one");
+    start_private_redis()
+}
+
+fn reachable(addr: &str) -> bool {
+    addr.parse::<SocketAddr>()
+        .ok()
+        .and_then(|a| TcpStream::connect_timeout(&a, Duration::from_millis(500)).ok())
+        .is_some()
+}
+
+fn redis_answers(addr: &str) -> bool {
+    let Some(mut stream) = addr
+        .parse::<SocketAddr>()
+        .ok()
+        .and_then(|a| TcpStream::connect_timeout(&a, Duration::from_millis(500)).ok())
+    else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    let mut reply = [0u8; 5];
+    stream.write_all(b"PING\r\n").is_ok()
+        && stream.read_exact(&mut reply).is_ok()
+        && &reply == b"+PONG"
+}
+
+fn state_dir() -> PathBuf {
+    workspace_root().join(".fairlane")
+}
+
+/// The newest installed PostgreSQL server binaries.
+fn postgres_bindir() -> anyhow::Result<PathBuf> {
+    if let Ok(out) = Command::new("pg_config").arg("--bindir").output()
+        && out.status.success()
+    {
+        let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        if dir.join("initdb").exists() {
+            return Ok(dir);
+        }
+    }
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|entries| entries.flatten().map(|e| e.path().join("bin")).collect())
+        .unwrap_or_default();
+    versions.retain(|p| p.join("initdb").exists());
+    versions.sort();
+    versions
+        .pop()
+        .context("no PostgreSQL server binaries found (install postgresql, or set DATABASE_URL)")
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+/// Runs a PostgreSQL tool, as the `postgres` user when we are root.
+fn pg_command(bindir: &Path, tool: &str, args: &[&str]) -> anyhow::Result<()> {
+    let program = bindir.join(tool);
+    let mut cmd = if is_root() {
+        let mut c = Command::new("runuser");
+        c.args(["-u", "postgres", "--"]).arg(&program);
+        c
+    } else {
+        Command::new(&program)
+    };
+    let status = cmd
+        .args(args)
+        .status()
+        .with_context(|| format!("running {}", program.display()))?;
+    if !status.success() {
+        bail!("{} {} failed with {status}", program.display(), args.join(" "));
+    }
+    Ok(())
+}
+
+fn start_private_postgres(durability: Durability) -> anyhow::Result<String> {
+    let url = format!("postgres://postgres@127.0.0.1:{PRIVATE_PG_PORT}/postgres");
+    if reachable(&format!("127.0.0.1:{PRIVATE_PG_PORT}")) {
+        return Ok(url);
+    }
+    let bindir = postgres_bindir()?;
+    let dir = state_dir().join("postgres");
+    let data = dir.join("data");
+    std::fs::create_dir_all(&dir).context("creating .fairlane/postgres")?;
+    if is_root() {
+        // The server runs as `postgres`; it must own its folder and reach it.
+        let status = Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(&dir)
+            .status()?;
+        if !status.success() {
+            bail!("could not hand {} to the postgres user", dir.display());
+        }
+        let mut p = dir.parent();
+        while let Some(parent) = p {
+            // Traversal permission only; nothing is made readable.
+            let _ = Command::new("chmod").arg("o+x").arg(parent).status();
+            p = parent.parent();
+        }
+    }
+    let data_str = data.to_string_lossy().into_owned();
+    if !data.join("PG_VERSION").exists() {
+        pg_command(
+            &bindir,
+            "initdb",
+            &["-D", &data_str, "-U", "postgres", "--auth=trust", "--no-sync"],
+        )?;
+    }
+    let mut options = format!(
+        "-p {PRIVATE_PG_PORT} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} -c max_connections=300",
+        dir.to_string_lossy()
+    );
+    if durability == Durability::Tests {
+        options.push_str(" -c fsync=off -c synchronous_commit=off -c full_page_writes=off");
+    }
+    let log = dir.join("server.log").to_string_lossy().into_owned();
+    pg_command(
+        &bindir,
+        "pg_ctl",
+        &["-D", &data_str, "-o", &options, "-l", &log, "-w", "start"],
+    )?;
+    say(format!("private PostgreSQL running at {url} (stop: pg_ctl -D {data_str} stop)"));
+    Ok(url)
+}
+
+fn start_private_redis() -> anyhow::Result<String> {
+    let url = format!("redis://127.0.0.1:{PRIVATE_REDIS_PORT}");
+    if redis_answers(&format!("127.0.0.1:{PRIVATE_REDIS_PORT}")) {
+        return Ok(url);
+    }
+    let dir = state_dir().join("redis");
+    std::fs::create_dir_all(&dir)?;
+    let status = Command::new("redis-server")
+        .args([
+            "--port",
+            &PRIVATE_REDIS_PORT.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--daemonize",
+            "yes",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+        ])
+        .arg(&dir)
+        .arg("--logfile")
+        .arg(dir.join("redis.log"))
+        .status()
+        .context("starting redis-server (install redis-server, or set REDIS_URL)")?;
+    if !status.success() {
+        bail!("redis-server failed to start: {status}");
+    }
+    for _ in 0..50 {
+        if redis_answers(&format!("127.0.0.1:{PRIVATE_REDIS_PORT}")) {
+            say(format!("private Redis running at {url}"));
+            return Ok(url);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    bail!("redis-server started but does not answer on port {PRIVATE_REDIS_PORT}")
+}
+
+/// Drops databases left by earlier test runs (they are kept after failures for inspection).
+pub(crate) fn drop_old_test_databases(url: &str) {
+    let url = libpq_url(url);
+    let list = Command::new("psql")
+        .args([
+            &url,
+            "-Atc",
+            "SELECT datname FROM pg_database WHERE datname LIKE 'fairlane\\_test\\_%'",
+        ])
+        .output();
+    let Ok(out) = list else { return };
+    let names = String::from_utf8_lossy(&out.stdout).into_owned();
+    let names: Vec<&str> = names.lines().filter(|l| !l.is_empty()).collect();
+    if names.is_empty() {
+        return;
+    }
+    say(format!("dropping {} databases of earlier test runs", names.len()));
+    for name in names {
+        let _ = Command::new("psql")
+            .args([&url, "-qc", &format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")])
+            .output();
+    }
+}
+
+/// sqlx-specific query parameters are not understood by libpq tools.
+pub(crate) fn libpq_url(url: &str) -> String {
+    url.split('?').next().unwrap_or(url).to_owned()
+}

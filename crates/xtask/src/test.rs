@@ -1,0 +1,66 @@
+//! `cargo xtask test`: format check, clippy, then every test of the workspace against real
+//! PostgreSQL and Redis (cargo-nextest when installed, `cargo test` otherwise).
+
+use std::process::Command;
+
+use anyhow::{Context, bail};
+
+use crate::services::{self, Durability};
+use crate::{say, workspace_root};
+
+pub(crate) fn run(lint: bool, extra: &[String]) -> anyhow::Result<()> {
+    let root = workspace_root();
+    if lint {
+        say("cargo fmt --check");
+        cargo(&root, &["fmt", "--all", "--", "--check"], &[])?;
+        say("cargo clippy");
+        cargo(
+            &root,
+            &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"],
+            &[],
+        )?;
+    }
+    let database_url = services::postgres(Durability::Tests)?;
+    let redis_url = services::redis()?;
+    services::drop_old_test_databases(&database_url);
+    say(format!("DATABASE_URL={database_url} REDIS_URL={redis_url}"));
+    let env = [
+        ("DATABASE_URL", database_url.as_str()),
+        ("REDIS_URL", redis_url.as_str()),
+    ];
+    let nextest = Command::new("cargo")
+        .args(["nextest", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let mut args: Vec<&str> = if nextest {
+        vec!["nextest", "run", "--workspace", "--no-fail-fast"]
+    } else {
+        say("cargo-nextest not found; using cargo test");
+        vec!["test", "--workspace", "--no-fail-fast"]
+    };
+    args.extend(extra.iter().map(String::as_str));
+    cargo(&root, &args, &env)?;
+    if nextest && extra.is_empty() {
+        // nextest does not run doctests; a filtered run is about specific tests, so skip them.
+        cargo(&root, &["test", "--workspace", "--doc"], &env)?;
+    }
+    say("all checks passed");
+    Ok(())
+}
+
+pub(crate) fn cargo(
+    root: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> anyhow::Result<()> {
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(args)
+        .current_dir(root)
+        .envs(env.iter().copied())
+        .status()
+        .with_context(|| format!("running cargo {}", args.join(" ")))?;
+    if !status.success() {
+        bail!("cargo {} failed ({status})", args.join(" "));
+    }
+    Ok(())
+}
