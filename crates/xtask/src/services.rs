@@ -131,7 +131,11 @@ fn pg_command(bindir: &Path, tool: &str, args: &[&str]) -> anyhow::Result<()> {
         .status()
         .with_context(|| format!("running {}", program.display()))?;
     if !status.success() {
-        bail!("{} {} failed with {status}", program.display(), args.join(" "));
+        bail!(
+            "{} {} failed with {status}",
+            program.display(),
+            args.join(" ")
+        );
     }
     Ok(())
 }
@@ -166,7 +170,14 @@ fn start_private_postgres(durability: Durability) -> anyhow::Result<String> {
         pg_command(
             &bindir,
             "initdb",
-            &["-D", &data_str, "-U", "postgres", "--auth=trust", "--no-sync"],
+            &[
+                "-D",
+                &data_str,
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--no-sync",
+            ],
         )?;
     }
     let mut options = format!(
@@ -182,7 +193,9 @@ fn start_private_postgres(durability: Durability) -> anyhow::Result<String> {
         "pg_ctl",
         &["-D", &data_str, "-o", &options, "-l", &log, "-w", "start"],
     )?;
-    say(format!("private PostgreSQL running at {url} (stop: pg_ctl -D {data_str} stop)"));
+    say(format!(
+        "private PostgreSQL running at {url} (stop: pg_ctl -D {data_str} stop)"
+    ));
     Ok(url)
 }
 
@@ -241,10 +254,17 @@ pub(crate) fn drop_old_test_databases(url: &str) {
     if names.is_empty() {
         return;
     }
-    say(format!("dropping {} databases of earlier test runs", names.len()));
+    say(format!(
+        "dropping {} databases of earlier test runs",
+        names.len()
+    ));
     for name in names {
         let _ = Command::new("psql")
-            .args([&url, "-qc", &format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)")])
+            .args([
+                &url,
+                "-qc",
+                &format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"),
+            ])
             .output();
     }
 }

@@ -16,7 +16,14 @@ pub(crate) fn run(lint: bool, extra: &[String]) -> anyhow::Result<()> {
         say("cargo clippy");
         cargo(
             &root,
-            &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"],
+            &[
+                "clippy",
+                "--workspace",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ],
             &[],
         )?;
     }

@@ -1,0 +1,103 @@
+//! ADR-10's fairness middleware, for jobs that did not come through the [`FairnessGate`]
+//! (the gate switched off with `FAIRNESS_FETCH_GATE=false`, or an engine without it): if the
+//! user's other running jobs already fill the limit, the job is snoozed 30 s + jitter (never
+//! consuming an attempt, never discarded).
+//!
+//! The count is fleet-wide and needs no lock to be safe: a job starts only if, when it checks,
+//! fewer than `limit` *other* jobs of its user are running. Each check is one statement that sees
+//! every fetch committed before it, and each job checks after its own fetch committed; so of two
+//! jobs racing for the last slot at least one sees the other and waits. (Both may wait; the jitter
+//! then separates them.)
+//!
+//! [`FairnessGate`]: crate::FairnessGate
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use common::{QueueName, Tier};
+use queue::{JobContext, JobOutcome, Middleware, Next};
+use sqlx::PgPool;
+
+use crate::config::FairnessConfig;
+use crate::decision;
+use crate::metrics::FairnessMetrics;
+use crate::store;
+use crate::tiers::TierCache;
+
+/// A snooze used when the fairness check itself cannot run (database trouble): short, and like
+/// every snooze it does not consume an attempt.
+const CHECK_FAILED_SNOOZE: Duration = Duration::from_secs(1);
+
+#[derive(Debug)]
+pub struct FairnessMiddleware {
+    pool: PgPool,
+    queues: Vec<String>,
+    config: FairnessConfig,
+    tiers: Arc<TierCache>,
+    metrics: FairnessMetrics,
+}
+
+impl FairnessMiddleware {
+    pub fn new(
+        pool: PgPool,
+        queues: &[QueueName],
+        config: FairnessConfig,
+        tiers: Arc<TierCache>,
+    ) -> Self {
+        FairnessMiddleware {
+            pool,
+            queues: queues.iter().map(ToString::to_string).collect(),
+            config,
+            tiers,
+            metrics: FairnessMetrics::new(),
+        }
+    }
+
+    /// The user's tier and whether this job must wait.
+    async fn check(
+        &self,
+        ctx: &JobContext,
+        user: &str,
+    ) -> Result<(Tier, bool), crate::FairnessError> {
+        let mut conn = self.pool.acquire().await?;
+        let tier = self
+            .tiers
+            .tiers(&mut conn, [user])
+            .await?
+            .get(user)
+            .copied()
+            .unwrap_or(Tier::Free);
+        let others = store::other_running(&mut conn, &self.queues, user, ctx.id()).await?;
+        Ok((tier, decision::over_limit(others, self.config.limit(tier))))
+    }
+}
+
+#[async_trait]
+impl Middleware for FairnessMiddleware {
+    async fn handle(&self, ctx: &JobContext, next: Next<'_>) -> JobOutcome {
+        let Some(user) = ctx.user_id() else {
+            return next.run(ctx).await; // system job: no limit
+        };
+        if !self.config.fairness_enabled || ctx.gate_admitted() {
+            return next.run(ctx).await;
+        }
+        match self.check(ctx, user).await {
+            Ok((_, false)) => next.run(ctx).await,
+            Ok((tier, true)) => {
+                self.metrics.snoozed(tier);
+                let snooze = decision::snooze_for(
+                    self.config.fairness_snooze_duration,
+                    self.config.fairness_snooze_jitter,
+                    rand::random::<f64>(),
+                );
+                tracing::debug!(job_id = ctx.id(), user, %tier, ?snooze, "user at limit; snoozing");
+                JobOutcome::Snoozed(snooze)
+            }
+            Err(e) => {
+                tracing::warn!(job_id = ctx.id(), error = %e, "fairness check failed; snoozing briefly");
+                JobOutcome::Snoozed(CHECK_FAILED_SNOOZE)
+            }
+        }
+    }
+}

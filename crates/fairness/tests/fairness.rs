@@ -1,0 +1,401 @@
+//! Fairness with a real engine and real PostgreSQL, in one process: the gate, the wake-up hook,
+//! and the snoozing middleware.
+
+#![allow(clippy::unwrap_used, clippy::needless_pass_by_value)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{Lane, Service, Tier};
+use fairness::{FairnessConfig, FairnessGate, FairnessHook, FairnessMiddleware, TierCache};
+use queue::{Client, Engine, EngineConfig, JobError, JobState, NewJob, QueueName, Workers};
+use serde::{Deserialize, Serialize};
+use testkit::TestDb;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Probe {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    user_id: Option<Uuid>,
+    ms: u64,
+}
+impl queue::JobArgs for Probe {
+    const KIND: &'static str = "probe";
+}
+
+/// One handler run: who, when it started and ended (relative to the test start).
+#[derive(Debug, Clone)]
+struct Run {
+    job: i64,
+    user: Option<Uuid>,
+    start: Duration,
+    end: Duration,
+}
+
+struct Harness {
+    db: TestDb,
+    client: Client,
+    runs: Arc<Mutex<Vec<Run>>>,
+    t0: Instant,
+}
+
+fn engine_config() -> EngineConfig {
+    EngineConfig {
+        poll_interval: Duration::from_secs(5), // prove wake-ups come from NOTIFY, not polling
+        heartbeat_interval: Duration::from_millis(200),
+        rescue_after: Duration::from_secs(1),
+        promote_interval: Duration::from_millis(20),
+        leader_ttl: Duration::from_secs(1),
+        shutdown_timeout: Duration::from_secs(5),
+        ..EngineConfig::default()
+    }
+}
+
+fn fast_fairness() -> FairnessConfig {
+    FairnessConfig {
+        fairness_snooze_duration: Duration::from_millis(50),
+        fairness_snooze_jitter: Duration::from_millis(20),
+        fairness_tier_cache_ttl: Duration::from_millis(500),
+        ..FairnessConfig::default()
+    }
+}
+
+impl Harness {
+    async fn new() -> Harness {
+        let db = TestDb::new().await;
+        let client = Client::new(db.pool.clone()).with_hooks(vec![Arc::new(FairnessHook::new(
+            &Service::Analysis.queues(),
+        ))]);
+        Harness {
+            db,
+            client,
+            runs: Arc::new(Mutex::new(Vec::new())),
+            t0: Instant::now(),
+        }
+    }
+
+    async fn user(&self, tier: Tier) -> Uuid {
+        sqlx::query_scalar(
+            "INSERT INTO users (name, tier) VALUES ('u', $1::fairlane_tier) RETURNING id",
+        )
+        .bind(tier.as_str())
+        .fetch_one(&self.db.pool)
+        .await
+        .unwrap()
+    }
+
+    async fn set_tier(&self, user: Uuid, tier: Tier) {
+        sqlx::query("UPDATE users SET tier = $2::fairlane_tier WHERE id = $1")
+            .bind(user)
+            .bind(tier.as_str())
+            .execute(&self.db.pool)
+            .await
+            .unwrap();
+    }
+
+    fn queue(lane: Lane) -> QueueName {
+        Service::Analysis.queue(lane)
+    }
+
+    async fn enqueue(&self, lane: Lane, user: Option<Uuid>, ms: u64, n: usize) -> Vec<i64> {
+        let jobs = (0..n)
+            .map(|_| {
+                NewJob::new(Self::queue(lane), &Probe { user_id: user, ms })
+                    .unwrap()
+                    .max_attempts(3)
+            })
+            .collect();
+        self.client
+            .insert_many(jobs)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|i| i.job.id)
+            .collect()
+    }
+
+    /// Starts an engine on the three analysis queues (`workers` each) with fairness wired as in
+    /// the worker services.
+    fn start(
+        &self,
+        workers: usize,
+        fairness: FairnessConfig,
+    ) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+        let runs = self.runs.clone();
+        let t0 = self.t0;
+        let mut registry = Workers::new();
+        registry.register_fn::<Probe, _, _>(move |ctx, args| {
+            let runs = runs.clone();
+            async move {
+                let start = t0.elapsed();
+                tokio::time::sleep(Duration::from_millis(args.ms)).await;
+                runs.lock().unwrap().push(Run {
+                    job: ctx.id(),
+                    user: args.user_id,
+                    start,
+                    end: t0.elapsed(),
+                });
+                Ok::<(), JobError>(())
+            }
+        });
+        let queues = Service::Analysis.queues();
+        let tiers = Arc::new(TierCache::new(fairness.fairness_tier_cache_ttl));
+        let mut builder = Engine::builder(self.client.clone())
+            .name("fairness-test")
+            .config(engine_config())
+            .workers(registry)
+            .middleware(Arc::new(FairnessMiddleware::new(
+                self.db.pool.clone(),
+                &queues,
+                fairness.clone(),
+                tiers.clone(),
+            )));
+        if fairness.fairness_fetch_gate {
+            builder = builder.fetch_gate(Arc::new(FairnessGate::new(
+                "analysis", &queues, fairness, tiers,
+            )));
+        }
+        for q in queues {
+            builder = builder.queue(q, workers);
+        }
+        let engine = builder.build().unwrap();
+        let shutdown = CancellationToken::new();
+        let token = shutdown.clone();
+        let handle = tokio::spawn(async move { engine.run(token).await.unwrap() });
+        (shutdown, handle)
+    }
+
+    async fn wait_completed(&self, ids: &[i64], timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let done: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM fairlane_job WHERE id = ANY($1) AND state = 'completed'",
+            )
+            .bind(ids)
+            .fetch_one(&self.db.pool)
+            .await
+            .unwrap();
+            if done == ids.len() as i64 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "only {done} of {} completed",
+                ids.len()
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    fn runs_of(&self, user: Uuid) -> Vec<Run> {
+        let mut runs: Vec<Run> = self
+            .runs
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.user == Some(user))
+            .cloned()
+            .collect();
+        runs.sort_by_key(|r| r.start);
+        runs
+    }
+}
+
+/// The most runs of `runs` that overlap in time.
+fn peak_concurrency(runs: &[Run]) -> usize {
+    let mut events: Vec<(Duration, i32)> = runs
+        .iter()
+        .flat_map(|r| [(r.start, 1), (r.end, -1)])
+        .collect();
+    // Ends sort before starts at the same instant: touching runs do not overlap.
+    events.sort_by_key(|(t, d)| (*t, *d));
+    let (mut now, mut peak) = (0i32, 0i32);
+    for (_, d) in events {
+        now += d;
+        peak = peak.max(now);
+    }
+    peak as usize
+}
+
+async fn stop(shutdown: CancellationToken, handle: tokio::task::JoinHandle<()>) {
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(30), handle)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn adr10_scenario_free_user_gets_one_slot_and_pro_jobs_do_not_wait_behind_it() {
+    let h = Harness::new().await;
+    let free = h.user(Tier::Free).await;
+    let pro = h.user(Tier::Pro).await;
+    // One lane with five workers: the Free user's ten jobs go in first.
+    let mut ids = h.enqueue(Lane::Default, Some(free), 150, 10).await;
+    ids.extend(h.enqueue(Lane::Default, Some(pro), 150, 3).await);
+    let (shutdown, handle) = h.start(5, fast_fairness());
+    h.wait_completed(&ids, Duration::from_secs(30)).await;
+    stop(shutdown, handle).await;
+
+    let free_runs = h.runs_of(free);
+    let pro_runs = h.runs_of(pro);
+    assert_eq!(free_runs.len(), 10);
+    assert_eq!(pro_runs.len(), 3);
+    assert_eq!(
+        peak_concurrency(&free_runs),
+        1,
+        "Free user never has more than one running"
+    );
+    assert_eq!(
+        peak_concurrency(&pro_runs),
+        3,
+        "Pro user's three run together"
+    );
+    let second_free_start = free_runs[1].start;
+    assert!(
+        pro_runs.iter().all(|r| r.start < second_free_start),
+        "Pro jobs start before the Free user's second job: {pro_runs:?} vs {second_free_start:?}"
+    );
+    let snoozed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM fairlane_job WHERE (metadata->>'snoozes') IS NOT NULL",
+    )
+    .fetch_one(&h.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(snoozed, 0, "the gate delays without snoozing or churning");
+}
+
+#[tokio::test]
+async fn a_freed_slot_starts_the_users_next_job_within_a_second() {
+    let h = Harness::new().await;
+    let free = h.user(Tier::Free).await;
+    let ids = h.enqueue(Lane::Default, Some(free), 1000, 2).await;
+    let (shutdown, handle) = h.start(3, fast_fairness());
+    h.wait_completed(&ids, Duration::from_secs(20)).await;
+    stop(shutdown, handle).await;
+    let runs = h.runs_of(free);
+    let gap = runs[1].start.saturating_sub(runs[0].end);
+    assert!(runs[1].start >= runs[0].end, "never overlapping: {runs:?}");
+    assert!(
+        gap < Duration::from_secs(1),
+        "second started {gap:?} after the first ended"
+    );
+}
+
+#[tokio::test]
+async fn a_heavy_backlog_does_not_delay_another_user() {
+    let h = Harness::new().await;
+    let heavy = h.user(Tier::Free).await;
+    let other = h.user(Tier::Free).await;
+    let backlog = h.enqueue(Lane::Default, Some(heavy), 200, 10_000).await;
+    let (shutdown, handle) = h.start(3, fast_fairness());
+    // Let the heavy user's first job start, then submit B's.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let submitted = h.t0.elapsed();
+    let mine = h.enqueue(Lane::Default, Some(other), 10, 1).await;
+    h.wait_completed(&mine, Duration::from_secs(10)).await;
+    stop(shutdown, handle).await;
+    let run = &h.runs_of(other)[0];
+    let waited = run.start.saturating_sub(submitted);
+    assert!(
+        waited < Duration::from_secs(1),
+        "B waited {waited:?} behind 10,000 jobs"
+    );
+    let heavy_runs = h.runs_of(heavy);
+    assert!(peak_concurrency(&heavy_runs) <= 1);
+    let still_waiting: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM fairlane_job WHERE id = ANY($1) AND state = 'available' AND attempt = 0",
+    )
+    .bind(&backlog)
+    .fetch_one(&h.db.pool)
+    .await
+    .unwrap();
+    assert!(
+        still_waiting > 9_900,
+        "the backlog was not churned through: {still_waiting} untouched"
+    );
+}
+
+#[tokio::test]
+async fn without_the_gate_over_limit_jobs_snooze_without_using_attempts() {
+    let h = Harness::new().await;
+    let free = h.user(Tier::Free).await;
+    // One long job holds the Free user's slot; the second keeps snoozing (50-70 ms each) until it
+    // is free: well over 20 snoozes, with max_attempts = 3.
+    let first = h.enqueue(Lane::Default, Some(free), 3000, 1).await;
+    let (shutdown, handle) = h.start(
+        2,
+        FairnessConfig {
+            fairness_fetch_gate: false,
+            ..fast_fairness()
+        },
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = h.enqueue(Lane::Default, Some(free), 10, 1).await;
+    let both: Vec<i64> = first.iter().chain(&second).copied().collect();
+    h.wait_completed(&both, Duration::from_secs(30)).await;
+    stop(shutdown, handle).await;
+    let (snoozes, attempt, state): (i64, i16, JobState) = sqlx::query_as(
+        "SELECT (metadata->>'snoozes')::int8, attempt, state FROM fairlane_job WHERE id = $1",
+    )
+    .bind(second[0])
+    .fetch_one(&h.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(state, JobState::Completed);
+    assert!(snoozes >= 20, "snoozed {snoozes} times");
+    assert_eq!(attempt, 1, "snoozes do not use attempts");
+    let runs = h.runs_of(free);
+    assert_eq!(peak_concurrency(&runs), 1);
+}
+
+#[tokio::test]
+async fn a_tier_upgrade_raises_the_limit_without_restart_and_disabling_removes_limits() {
+    let h = Harness::new().await;
+    let user = h.user(Tier::Free).await;
+    let before = h.enqueue(Lane::Default, Some(user), 300, 4).await;
+    let (shutdown, handle) = h.start(5, fast_fairness());
+    h.wait_completed(&before, Duration::from_secs(20)).await;
+    assert_eq!(peak_concurrency(&h.runs_of(user)), 1);
+
+    h.set_tier(user, Tier::Pro).await;
+    tokio::time::sleep(Duration::from_millis(600)).await; // the test's tier cache TTL is 500 ms
+    h.runs.lock().unwrap().clear();
+    let after = h.enqueue(Lane::Default, Some(user), 300, 6).await;
+    h.wait_completed(&after, Duration::from_secs(20)).await;
+    stop(shutdown, handle).await;
+    assert_eq!(
+        peak_concurrency(&h.runs_of(user)),
+        3,
+        "Pro limit applies without restart"
+    );
+
+    // FAIRNESS_ENABLED=false: no limit at all.
+    h.runs.lock().unwrap().clear();
+    h.set_tier(user, Tier::Free).await;
+    let unlimited = h.enqueue(Lane::Default, Some(user), 300, 5).await;
+    let (shutdown, handle) = h.start(
+        5,
+        FairnessConfig {
+            fairness_enabled: false,
+            ..fast_fairness()
+        },
+    );
+    h.wait_completed(&unlimited, Duration::from_secs(20)).await;
+    stop(shutdown, handle).await;
+    assert_eq!(peak_concurrency(&h.runs_of(user)), 5);
+}
+
+#[tokio::test]
+async fn system_jobs_are_never_limited() {
+    let h = Harness::new().await;
+    let ids = h.enqueue(Lane::Scheduled, None, 200, 4).await;
+    let (shutdown, handle) = h.start(4, fast_fairness());
+    h.wait_completed(&ids, Duration::from_secs(20)).await;
+    stop(shutdown, handle).await;
+    let runs: Vec<Run> = h.runs.lock().unwrap().clone();
+    assert_eq!(peak_concurrency(&runs), 4);
+    assert!(runs.iter().all(|r| r.job > 0));
+}

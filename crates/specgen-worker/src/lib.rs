@@ -1,0 +1,60 @@
+//! The `specgen-worker` service: works the specview queues: turns analyses into behaviour specifications. It works `specview_priority`,
+//! `specview_default` and `specview_scheduled` with
+//! `SPECGEN_QUEUE_{PRIORITY,DEFAULT,SCHEDULED}_WORKERS` workers (3/2/1 by default), behind
+//! fleet-wide per-user fairness.
+
+use common::Service;
+use queue::Workers;
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use workerkit::{WorkerConfig, WorkerError, WorkerSpec};
+
+/// The service's configuration: its lane sizes plus what every worker service reads.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Config {
+    pub specgen_queue_priority_workers: usize,
+    pub specgen_queue_default_workers: usize,
+    pub specgen_queue_scheduled_workers: usize,
+    #[serde(flatten)]
+    pub worker: WorkerConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        let mut worker = WorkerConfig::default();
+        worker.http_addr = "0.0.0.0:9092".into();
+        worker.telemetry.otel_service_name = "fairlane-specgen-worker".into();
+        Config {
+            specgen_queue_priority_workers: 3,
+            specgen_queue_default_workers: 2,
+            specgen_queue_scheduled_workers: 1,
+            worker,
+        }
+    }
+}
+
+/// Runs the service until `shutdown`, then drains.
+pub async fn run(
+    config: &Config,
+    pool: PgPool,
+    shutdown: CancellationToken,
+) -> Result<(), WorkerError> {
+    let mut workers = Workers::new();
+    if config.worker.worker_sleep_jobs {
+        workerkit::sleep::register(&mut workers);
+    }
+    let spec = WorkerSpec {
+        name: "specgen-worker",
+        service: Service::Specview,
+        lane_workers: [
+            config.specgen_queue_priority_workers,
+            config.specgen_queue_default_workers,
+            config.specgen_queue_scheduled_workers,
+        ],
+        workers,
+        hooks: Vec::new(),
+    };
+    workerkit::run(&config.worker, spec, pool, shutdown).await
+}

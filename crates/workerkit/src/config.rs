@@ -1,0 +1,111 @@
+//! Settings shared by the worker services, named after their environment variables.
+
+use std::time::Duration;
+
+use fairness::FairnessConfig;
+use queue::EngineConfig;
+use serde::{Deserialize, Serialize};
+use telemetry::TelemetryConfig;
+
+/// The common part of a worker service's configuration (each binary adds its lane sizes).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WorkerConfig {
+    pub database_url: String,
+    pub database_max_connections: u32,
+    /// Where `/healthz`, `/readyz` and `/metrics` are served.
+    pub http_addr: String,
+    /// `WORKER_SLEEP_JOBS`: also run the diagnostic `sleep` job kind (smoke and load tests).
+    pub worker_sleep_jobs: bool,
+    #[serde(flatten)]
+    pub engine: EngineSettings,
+    #[serde(flatten)]
+    pub fairness: FairnessConfig,
+    #[serde(flatten)]
+    pub telemetry: TelemetryConfig,
+}
+
+impl Default for WorkerConfig {
+    fn default() -> Self {
+        WorkerConfig {
+            database_url: "postgres://postgres@127.0.0.1:5432/postgres".into(),
+            database_max_connections: 20,
+            http_addr: "0.0.0.0:9090".into(),
+            worker_sleep_jobs: false,
+            engine: EngineSettings::default(),
+            fairness: FairnessConfig::default(),
+            telemetry: TelemetryConfig::default(),
+        }
+    }
+}
+
+/// Queue engine tunables exposed as `QUEUE_*` variables (the rest keep the engine's defaults).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EngineSettings {
+    #[serde(with = "humantime_serde")]
+    pub queue_poll_interval: Duration,
+    #[serde(with = "humantime_serde")]
+    pub queue_job_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub queue_shutdown_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub queue_cancel_grace: Duration,
+    #[serde(with = "humantime_serde")]
+    pub queue_heartbeat_interval: Duration,
+    #[serde(with = "humantime_serde")]
+    pub queue_rescue_after: Duration,
+    #[serde(with = "humantime_serde")]
+    pub queue_rescue_interval: Duration,
+    #[serde(with = "humantime_serde")]
+    pub queue_promote_interval: Duration,
+    #[serde(with = "humantime_serde")]
+    pub queue_leader_ttl: Duration,
+    #[serde(with = "humantime_serde")]
+    pub queue_retention_completed: Duration,
+    #[serde(with = "humantime_serde")]
+    pub queue_retention_failed: Duration,
+    /// Whether this process takes part in fleet-wide queue maintenance.
+    pub queue_maintenance: bool,
+}
+
+impl Default for EngineSettings {
+    fn default() -> Self {
+        let e = EngineConfig::default();
+        EngineSettings {
+            queue_poll_interval: e.poll_interval,
+            queue_job_timeout: e.job_timeout,
+            queue_shutdown_timeout: e.shutdown_timeout,
+            queue_cancel_grace: e.cancel_grace,
+            queue_heartbeat_interval: e.heartbeat_interval,
+            queue_rescue_after: e.rescue_after,
+            queue_rescue_interval: e.rescue_interval,
+            queue_promote_interval: e.promote_interval,
+            queue_leader_ttl: e.leader_ttl,
+            queue_retention_completed: e.retention_completed,
+            queue_retention_failed: e.retention_discarded,
+            queue_maintenance: e.maintenance,
+        }
+    }
+}
+
+impl EngineSettings {
+    pub fn to_engine_config(&self) -> EngineConfig {
+        EngineConfig {
+            poll_interval: self.queue_poll_interval,
+            job_timeout: self.queue_job_timeout,
+            shutdown_timeout: self.queue_shutdown_timeout,
+            cancel_grace: self.queue_cancel_grace,
+            heartbeat_interval: self.queue_heartbeat_interval,
+            rescue_after: self.queue_rescue_after,
+            rescue_interval: self.queue_rescue_interval,
+            promote_interval: self.queue_promote_interval,
+            leader_ttl: self.queue_leader_ttl,
+            retention_completed: self.queue_retention_completed,
+            retention_cancelled: self.queue_retention_failed,
+            retention_discarded: self.queue_retention_failed,
+            maintenance: self.queue_maintenance,
+            ..EngineConfig::default()
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! What every Fairlane worker service shares. A worker binary describes itself (its service, its
+//! three lanes' worker counts, its handlers and hooks) and calls [`run`]: this crate connects to
+//! PostgreSQL, waits for the schema, assembles the queue engine with fleet-wide fairness, serves
+//! `/healthz`, `/readyz` and `/metrics`, continues request traces into jobs, and drains on
+//! SIGTERM/SIGINT.
+
+pub mod config;
+mod health;
+pub mod sleep;
+pub mod tracing_mw;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{Lane, Service};
+use fairness::{FairnessGate, FairnessHook, FairnessMiddleware, TierCache};
+use queue::{Client, Engine, TransitionHook, Workers};
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio_util::sync::CancellationToken;
+
+pub use config::{EngineSettings, WorkerConfig};
+
+/// A worker service: what differs between `analyzer-worker` and `specgen-worker`.
+pub struct WorkerSpec {
+    /// The binary's name (worker ids, logs).
+    pub name: &'static str,
+    pub service: Service,
+    /// Workers of the priority, default and scheduled lanes, in that order.
+    pub lane_workers: [usize; 3],
+    pub workers: Workers,
+    /// Hooks beyond fairness's own (quota billing).
+    pub hooks: Vec<Arc<dyn TransitionHook>>,
+}
+
+/// Why a worker service could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("could not listen on {addr}: {source}")]
+    Listen {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Queue(#[from] queue::QueueError),
+}
+
+/// Runs the worker service until `shutdown`, then drains gracefully.
+pub async fn run(
+    config: &WorkerConfig,
+    spec: WorkerSpec,
+    pool: PgPool,
+    shutdown: CancellationToken,
+) -> Result<(), WorkerError> {
+    config.fairness.validate().map_err(WorkerError::Config)?;
+    let engine_config = config.engine.to_engine_config();
+    engine_config.validate().map_err(WorkerError::Config)?;
+
+    let addr: SocketAddr = config
+        .http_addr
+        .parse()
+        .map_err(|e| WorkerError::Config(format!("HTTP_ADDR `{}`: {e}", config.http_addr)))?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| WorkerError::Listen {
+            addr: config.http_addr.clone(),
+            source,
+        })?;
+    let http_done = CancellationToken::new();
+    let http = tokio::spawn(health::serve(listener, pool.clone(), http_done.clone()));
+
+    let ready = wait_for_schema(&pool, &shutdown).await;
+    let result = if ready {
+        run_engine(config, engine_config, spec, pool, shutdown).await
+    } else {
+        Ok(())
+    };
+    http_done.cancel();
+    let _ = http.await;
+    result
+}
+
+async fn run_engine(
+    config: &WorkerConfig,
+    engine_config: queue::EngineConfig,
+    spec: WorkerSpec,
+    pool: PgPool,
+    shutdown: CancellationToken,
+) -> Result<(), WorkerError> {
+    let queues = spec.service.queues();
+    let tiers = Arc::new(TierCache::new(config.fairness.fairness_tier_cache_ttl));
+    let mut hooks: Vec<Arc<dyn TransitionHook>> = vec![Arc::new(FairnessHook::new(&queues))];
+    hooks.extend(spec.hooks);
+    let client = Client::new(pool.clone()).with_hooks(hooks);
+    let mut builder = Engine::builder(client)
+        .name(spec.name)
+        .config(engine_config)
+        .workers(spec.workers)
+        .middleware(Arc::new(tracing_mw::TraceMiddleware))
+        .middleware(Arc::new(FairnessMiddleware::new(
+            pool,
+            &queues,
+            config.fairness.clone(),
+            tiers.clone(),
+        )));
+    if config.fairness.fairness_fetch_gate {
+        builder = builder.fetch_gate(Arc::new(FairnessGate::new(
+            spec.service.as_str(),
+            &queues,
+            config.fairness.clone(),
+            tiers,
+        )));
+    }
+    for (lane, workers) in Lane::ALL.into_iter().zip(spec.lane_workers) {
+        if workers > 0 {
+            builder = builder.queue(spec.service.queue(lane), workers);
+        }
+    }
+    let engine = builder.build()?;
+    tracing::info!(
+        service = spec.name,
+        worker_id = engine.worker_id(),
+        lanes = ?spec.lane_workers,
+        fairness = config.fairness.fairness_enabled,
+        gate = config.fairness.fairness_fetch_gate,
+        "worker service starting"
+    );
+    engine.run(shutdown).await?;
+    Ok(())
+}
+
+/// A lazily connecting pool: the service starts (and answers `/healthz`) even while the
+/// database is unreachable, and reports not-ready until it is.
+pub fn lazy_pool(config: &WorkerConfig) -> Result<PgPool, WorkerError> {
+    let options: PgConnectOptions = config
+        .database_url
+        .parse()
+        .map_err(|e| WorkerError::Config(format!("DATABASE_URL: {e}")))?;
+    Ok(PgPoolOptions::new()
+        .max_connections(config.database_max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_lazy_with(options))
+}
+
+/// Waits until the database is reachable and fully migrated; false if shut down first.
+async fn wait_for_schema(pool: &PgPool, shutdown: &CancellationToken) -> bool {
+    let mut delay = Duration::from_millis(200);
+    let mut warned = false;
+    loop {
+        match schema::check_applied(pool).await {
+            Ok(()) => return true,
+            Err(e) => {
+                if !warned {
+                    tracing::warn!(error = %e, "waiting for the database and its migrations");
+                    warned = true;
+                }
+            }
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return false,
+            () = tokio::time::sleep(delay) => {}
+        }
+        delay = (delay * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// Cancels `token` on SIGTERM or SIGINT.
+pub async fn cancel_on_signal(token: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers; stop with SIGKILL");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: draining"),
+        _ = int.recv() => tracing::info!("SIGINT: draining"),
+    }
+    token.cancel();
+}
