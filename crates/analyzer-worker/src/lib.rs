@@ -23,9 +23,15 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Self {
-        let mut worker = WorkerConfig::default();
-        worker.http_addr = "0.0.0.0:9091".into();
-        worker.telemetry.otel_service_name = "fairlane-analyzer-worker".into();
+        let defaults = WorkerConfig::default();
+        let worker = WorkerConfig {
+            http_addr: "0.0.0.0:9091".into(),
+            telemetry: telemetry::TelemetryConfig {
+                otel_service_name: "fairlane-analyzer-worker".into(),
+                ..defaults.telemetry.clone()
+            },
+            ..defaults
+        };
         Config {
             analyzer_queue_priority_workers: 5,
             analyzer_queue_default_workers: 3,

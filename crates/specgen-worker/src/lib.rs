@@ -23,9 +23,15 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Self {
-        let mut worker = WorkerConfig::default();
-        worker.http_addr = "0.0.0.0:9092".into();
-        worker.telemetry.otel_service_name = "fairlane-specgen-worker".into();
+        let defaults = WorkerConfig::default();
+        let worker = WorkerConfig {
+            http_addr: "0.0.0.0:9092".into(),
+            telemetry: telemetry::TelemetryConfig {
+                otel_service_name: "fairlane-specgen-worker".into(),
+                ..defaults.telemetry.clone()
+            },
+            ..defaults
+        };
         Config {
             specgen_queue_priority_workers: 3,
             specgen_queue_default_workers: 2,
