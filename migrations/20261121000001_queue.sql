@@ -37,8 +37,8 @@ CREATE TABLE fairlane_job (
     queue         fairlane_queue_name NOT NULL,
     kind          fairlane_job_kind   NOT NULL,
     args          fairlane_job_args   NOT NULL DEFAULT '{}',
-    -- Fairness and isolation key; a job without it is a system job.
-    user_id       text GENERATED ALWAYS AS (args ->> 'user_id') STORED,
+    -- Fairness and isolation key (a `users.id`); a job without it is a system job.
+    user_id       uuid GENERATED ALWAYS AS ((args ->> 'user_id')::uuid) STORED,
     priority      fairlane_job_priority     NOT NULL DEFAULT 1,
     attempt       smallint                  NOT NULL DEFAULT 0,
     max_attempts  fairlane_job_max_attempts NOT NULL DEFAULT 25,

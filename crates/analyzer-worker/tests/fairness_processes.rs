@@ -222,7 +222,7 @@ async fn heavy_backlog_of_ten_thousand_does_not_delay_another_user() {
     let churned: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM fairlane_job WHERE user_id = $1 AND (attempt > 0 OR state <> 'available')",
     )
-    .bind(a.to_string())
+    .bind(a)
     .fetch_one(&db.pool)
     .await
     .unwrap();

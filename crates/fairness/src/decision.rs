@@ -5,35 +5,36 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use queue::JobId;
+use uuid::Uuid;
 
 /// A runnable job offered to the gate, in fetch order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Candidate {
     pub job_id: JobId,
     /// `None` for a system job (no limit applies).
-    pub user_id: Option<String>,
+    pub user_id: Option<Uuid>,
 }
 
 /// Chooses, in order, up to `capacity` candidates that may start: system jobs always, a user's
 /// job only while the user's running jobs plus those admitted here stay below their limit.
 pub fn admit(
     candidates: &[Candidate],
-    running: &HashMap<String, u32>,
-    limit_of: impl Fn(&str) -> u32,
+    running: &HashMap<Uuid, u32>,
+    limit_of: impl Fn(&Uuid) -> u32,
     capacity: usize,
 ) -> Vec<JobId> {
-    let mut taken: HashMap<&str, u32> = HashMap::new();
+    let mut taken: HashMap<Uuid, u32> = HashMap::new();
     let mut admitted = Vec::with_capacity(capacity.min(candidates.len()));
     for c in candidates {
         if admitted.len() >= capacity {
             break;
         }
-        match c.user_id.as_deref() {
+        match c.user_id {
             None => admitted.push(c.job_id),
             Some(user) => {
-                let now =
-                    running.get(user).copied().unwrap_or(0) + taken.get(user).copied().unwrap_or(0);
-                if now < limit_of(user) {
+                let now = running.get(&user).copied().unwrap_or(0)
+                    + taken.get(&user).copied().unwrap_or(0);
+                if now < limit_of(&user) {
                     *taken.entry(user).or_insert(0) += 1;
                     admitted.push(c.job_id);
                 }
@@ -41,17 +42,6 @@ pub fn admit(
         }
     }
     admitted
-}
-
-/// Users whose running jobs already fill their limit (the candidate query skips their jobs).
-pub fn full_users(running: &HashMap<String, u32>, limit_of: impl Fn(&str) -> u32) -> Vec<String> {
-    let mut full: Vec<String> = running
-        .iter()
-        .filter(|(user, n)| **n >= limit_of(user))
-        .map(|(user, _)| user.clone())
-        .collect();
-    full.sort();
-    full
 }
 
 /// For a job that reached a worker without the gate: whether the user's *other* running jobs
@@ -65,37 +55,26 @@ pub fn snooze_for(base: Duration, jitter: Duration, unit_random: f64) -> Duratio
     base + jitter.mul_f64(unit_random.clamp(0.0, 1.0))
 }
 
-/// A stable 64-bit advisory-lock key for a user within a service (FNV-1a), identical in every
-/// process so all replicas serialize on the same lock.
-pub fn user_lock_key(service: &str, user: &str) -> i64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in b"fairlane-fairness:"
-        .iter()
-        .chain(service.as_bytes())
-        .chain(b":")
-        .chain(user.as_bytes())
-    {
-        hash ^= u64::from(*byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    i64::from_ne_bytes(hash.to_ne_bytes())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn c(id: JobId, user: Option<&str>) -> Candidate {
+    const FREE: Uuid = Uuid::from_u128(1);
+    const PRO: Uuid = Uuid::from_u128(2);
+    const ENT: Uuid = Uuid::from_u128(3);
+    const FREE2: Uuid = Uuid::from_u128(4);
+
+    fn c(id: JobId, user: Option<Uuid>) -> Candidate {
         Candidate {
             job_id: id,
-            user_id: user.map(str::to_owned),
+            user_id: user,
         }
     }
 
-    fn limits(user: &str) -> u32 {
-        match user {
-            "free" => 1,
-            "pro" => 3,
+    fn limits(user: &Uuid) -> u32 {
+        match *user {
+            FREE | FREE2 => 1,
+            PRO => 3,
             _ => 5,
         }
     }
@@ -103,8 +82,8 @@ mod tests {
     #[test]
     fn adr10_scenario_free_gets_one_pro_gets_three() {
         // Ten Free jobs first, then three Pro jobs, five workers free.
-        let mut candidates: Vec<_> = (1..=10).map(|i| c(i, Some("free"))).collect();
-        candidates.extend((11..=13).map(|i| c(i, Some("pro"))));
+        let mut candidates: Vec<_> = (1..=10).map(|i| c(i, Some(FREE))).collect();
+        candidates.extend((11..=13).map(|i| c(i, Some(PRO))));
         let admitted = admit(&candidates, &HashMap::new(), limits, 5);
         assert_eq!(
             admitted,
@@ -115,15 +94,15 @@ mod tests {
 
     #[test]
     fn running_jobs_count_against_the_limit() {
-        let running = HashMap::from([("pro".to_owned(), 2), ("free".to_owned(), 1)]);
-        let candidates = [c(1, Some("free")), c(2, Some("pro")), c(3, Some("pro"))];
+        let running = HashMap::from([(PRO, 2), (FREE, 1)]);
+        let candidates = [c(1, Some(FREE)), c(2, Some(PRO)), c(3, Some(PRO))];
         assert_eq!(admit(&candidates, &running, limits, 10), [2]);
     }
 
     #[test]
     fn system_jobs_are_exempt_and_capacity_is_respected() {
-        let running = HashMap::from([("free".to_owned(), 1)]);
-        let candidates = [c(1, None), c(2, Some("free")), c(3, None), c(4, None)];
+        let running = HashMap::from([(FREE, 1)]);
+        let candidates = [c(1, None), c(2, Some(FREE)), c(3, None), c(4, None)];
         assert_eq!(admit(&candidates, &running, limits, 2), [1, 3]);
         assert_eq!(admit(&candidates, &running, limits, 0), Vec::<JobId>::new());
     }
@@ -138,17 +117,11 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             (state >> 33) as usize
         };
-        let users = ["free", "pro", "ent", "free2"];
-        let limit_of = |u: &str| match u {
-            "free" | "free2" => 1,
-            "pro" => 3,
-            _ => 5,
-        };
+        let users = [FREE, PRO, ENT, FREE2];
+        let limit_of = limits;
         for _ in 0..2000 {
-            let running: HashMap<String, u32> = users
-                .iter()
-                .map(|u| ((*u).to_owned(), (next() % 6) as u32))
-                .collect();
+            let running: HashMap<Uuid, u32> =
+                users.iter().map(|u| (*u, (next() % 6) as u32)).collect();
             let candidates: Vec<Candidate> = (0..(next() % 40))
                 .map(|i| {
                     let user = if next() % 5 == 0 {
@@ -163,15 +136,15 @@ mod tests {
             let admitted = admit(&candidates, &running, limit_of, capacity);
             assert!(admitted.len() <= capacity);
             for user in users {
-                let before = running[user];
+                let before = running[&user];
                 let added = candidates
                     .iter()
-                    .filter(|c| c.user_id.as_deref() == Some(user) && admitted.contains(&c.job_id))
+                    .filter(|c| c.user_id == Some(user) && admitted.contains(&c.job_id))
                     .count() as u32;
                 assert!(
-                    added == 0 || before + added <= limit_of(user),
+                    added == 0 || before + added <= limit_of(&user),
                     "{user}: {before} running + {added} admitted > {}",
-                    limit_of(user)
+                    limit_of(&user)
                 );
             }
             // Admission keeps fetch order.
@@ -184,16 +157,6 @@ mod tests {
     }
 
     #[test]
-    fn full_users_are_those_at_or_over_their_limit() {
-        let running = HashMap::from([
-            ("free".to_owned(), 1),
-            ("pro".to_owned(), 2),
-            ("ent".to_owned(), 6),
-        ]);
-        assert_eq!(full_users(&running, limits), ["ent", "free"]);
-    }
-
-    #[test]
     fn over_limit_and_snooze() {
         assert!(over_limit(1, 1));
         assert!(!over_limit(0, 1));
@@ -203,15 +166,5 @@ mod tests {
         assert_eq!(snooze_for(base, jitter, 0.0), base);
         assert_eq!(snooze_for(base, jitter, 0.5), Duration::from_secs(35));
         assert!(snooze_for(base, jitter, 0.999_999) < Duration::from_secs(40));
-    }
-
-    #[test]
-    fn lock_keys_are_stable_and_distinct() {
-        let a = user_lock_key("analysis", "u1");
-        assert_eq!(a, user_lock_key("analysis", "u1"));
-        assert_ne!(a, user_lock_key("specview", "u1"));
-        assert_ne!(a, user_lock_key("analysis", "u2"));
-        // Pinned so every process (and every release) agrees on the key.
-        assert_eq!(user_lock_key("", ""), user_lock_key("", ""));
     }
 }

@@ -2,18 +2,17 @@
 //! limit is checked and taken atomically with their jobs becoming `running`, fleet-wide.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use async_trait::async_trait;
 use common::{QueueName, Tier};
 use queue::{BoxError, FetchGate, JobId};
 use sqlx::PgConnection;
+use uuid::Uuid;
 
 use crate::config::FairnessConfig;
-use crate::decision::{self, user_lock_key};
+use crate::decision;
 use crate::metrics::FairnessMetrics;
 use crate::store;
-use crate::tiers::TierCache;
 
 /// Admits jobs within each user's limit, counted over all queues of one worker service.
 #[derive(Debug)]
@@ -21,31 +20,27 @@ pub struct FairnessGate {
     service: String,
     queues: Vec<String>,
     config: FairnessConfig,
-    tiers: Arc<TierCache>,
+    tier_limits: store::TierLimits,
     metrics: FairnessMetrics,
 }
 
 impl FairnessGate {
     /// `queues` are all queues of the worker service (a user's limit spans them).
-    pub fn new(
-        service: impl Into<String>,
-        queues: &[QueueName],
-        config: FairnessConfig,
-        tiers: Arc<TierCache>,
-    ) -> Self {
+    pub fn new(service: impl Into<String>, queues: &[QueueName], config: FairnessConfig) -> Self {
+        let service = service.into();
+        let tier_limits = store::TierLimits {
+            free: i64::from(config.limit(Tier::Free)),
+            pro: i64::from(config.limit(Tier::Pro)),
+            pro_plus: i64::from(config.limit(Tier::ProPlus)),
+            enterprise: i64::from(config.limit(Tier::Enterprise)),
+        };
         FairnessGate {
-            service: service.into(),
+            service,
             queues: queues.iter().map(ToString::to_string).collect(),
             config,
-            tiers,
+            tier_limits,
             metrics: FairnessMetrics::new(),
         }
-    }
-
-    fn limits(&self, tiers: &HashMap<String, Tier>) -> impl Fn(&str) -> u32 {
-        let config = self.config.clone();
-        let tiers = tiers.clone();
-        move |user| config.limit(tiers.get(user).copied().unwrap_or(Tier::Free))
     }
 }
 
@@ -58,60 +53,51 @@ impl FetchGate for FairnessGate {
         limit: usize,
     ) -> Result<Vec<JobId>, BoxError> {
         if !self.config.fairness_enabled {
-            let all = store::lock_candidates(conn, queue.as_str(), &[], limit).await?;
-            return Ok(all.into_iter().map(|c| c.job_id).collect());
+            return Ok(store::lock_any(conn, queue.as_str(), limit).await?);
         }
-        // 1. Who is already full? (A hint: re-checked under lock below.)
-        let running = store::running_counts(conn, &self.queues, None).await?;
-        let tiers = self
-            .tiers
-            .tiers(conn, running.keys().map(String::as_str))
-            .await?;
-        self.record_running(&running, &tiers);
-        let full = decision::full_users(&running, self.limits(&tiers));
-
-        // 2. Lock candidates, skipping full users: their backlog never blocks anyone.
+        // 1. Candidates in fetch order, skipping users already at their limit (their backlog
+        //    never occupies a worker) and users another fetch is admitting right now; the
+        //    users of the candidates stay locked until this transaction ends.
         let scan = limit.saturating_mul(2).min(limit + 100).max(1);
-        let candidates = store::lock_candidates(conn, queue.as_str(), &full, scan).await?;
-        let mut users: Vec<String> = candidates
-            .iter()
-            .filter_map(|c| c.user_id.clone())
-            .collect();
-        users.sort();
+        let candidates = store::lock_candidates(
+            conn,
+            &self.service,
+            queue.as_str(),
+            &self.queues,
+            &self.tier_limits,
+            scan,
+        )
+        .await?;
+        let mut users: Vec<Uuid> = candidates.iter().filter_map(|c| c.user_id).collect();
+        users.sort_unstable();
         users.dedup();
         if users.is_empty() {
             return Ok(candidates.iter().take(limit).map(|c| c.job_id).collect());
         }
 
-        // 3. Serialize with every other fetch of these users, fleet-wide, then count again: the
-        //    statement after the lock sees every admission committed before it.
-        let mut keys: Vec<i64> = users
-            .iter()
-            .map(|u| user_lock_key(&self.service, u))
-            .collect();
-        store::lock_keys(conn, &mut keys).await?;
-        let running = store::running_counts(conn, &self.queues, Some(&users)).await?;
-        let tiers = self
-            .tiers
-            .tiers(conn, users.iter().map(String::as_str))
-            .await?;
+        // 2. Count under those locks: this statement sees every admission of these users
+        //    committed before, and none can happen elsewhere until we commit.
+        let counted = store::counts_and_tiers(conn, &self.queues, &users).await?;
+        self.record_running(&counted);
 
-        // 4. Decide.
+        // 3. Decide (pure).
+        let running: HashMap<Uuid, u32> = counted.iter().map(|(u, (n, _))| (*u, *n)).collect();
+        let config = &self.config;
         Ok(decision::admit(
             &candidates,
             &running,
-            self.limits(&tiers),
+            |user| config.limit(counted.get(user).map_or(Tier::Free, |(_, t)| *t)),
             limit,
         ))
     }
 }
 
 impl FairnessGate {
-    fn record_running(&self, running: &HashMap<String, u32>, tiers: &HashMap<String, Tier>) {
+    /// Running jobs by tier among the users this fetch looked at.
+    fn record_running(&self, counted: &HashMap<Uuid, (u32, Tier)>) {
         let mut by_tier: Vec<(Tier, u64)> = Tier::ALL.iter().map(|t| (*t, 0)).collect();
-        for (user, n) in running {
-            let tier = tiers.get(user).copied().unwrap_or(Tier::Free);
-            if let Some(slot) = by_tier.iter_mut().find(|(t, _)| *t == tier) {
+        for (n, tier) in counted.values() {
+            if let Some(slot) = by_tier.iter_mut().find(|(t, _)| t == tier) {
                 slot.1 += u64::from(*n);
             }
         }

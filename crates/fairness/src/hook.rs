@@ -28,14 +28,20 @@ impl TransitionHook for FairnessHook {
         conn: &mut PgConnection,
         transitions: &[Transition],
     ) -> Result<(), BoxError> {
-        let frees_a_slot = transitions
+        // The lanes where user jobs just freed a slot: their users' next jobs wait there (users
+        // are routed to one lane by tier; system jobs never wait for a slot).
+        let mut lanes: Vec<&str> = transitions
             .iter()
-            .any(|t| t.user_id.is_some() && self.queues.contains(&t.queue));
-        if frees_a_slot {
-            // Delivered at commit, i.e. exactly when the slot is free.
+            .filter(|t| t.user_id.is_some() && self.queues.contains(&t.queue))
+            .map(|t| t.queue.as_str())
+            .collect();
+        lanes.sort_unstable();
+        lanes.dedup();
+        if !lanes.is_empty() {
+            // Delivered at commit, i.e. exactly when the slots are free.
             sqlx::query("SELECT pg_notify($1, q) FROM unnest($2::text[]) AS q")
                 .bind(INSERT_CHANNEL)
-                .bind(&self.queues)
+                .bind(&lanes)
                 .execute(&mut *conn)
                 .await?;
         }

@@ -58,14 +58,14 @@ impl FairnessMiddleware {
     async fn check(
         &self,
         ctx: &JobContext,
-        user: &str,
+        user: uuid::Uuid,
     ) -> Result<(Tier, bool), crate::FairnessError> {
         let mut conn = self.pool.acquire().await?;
         let tier = self
             .tiers
             .tiers(&mut conn, [user])
             .await?
-            .get(user)
+            .get(&user)
             .copied()
             .unwrap_or(Tier::Free);
         let others = store::other_running(&mut conn, &self.queues, user, ctx.id()).await?;
@@ -91,7 +91,7 @@ impl Middleware for FairnessMiddleware {
                     self.config.fairness_snooze_jitter,
                     rand::random::<f64>(),
                 );
-                tracing::debug!(job_id = ctx.id(), user, %tier, ?snooze, "user at limit; snoozing");
+                tracing::debug!(job_id = ctx.id(), %user, %tier, ?snooze, "user at limit; snoozing");
                 JobOutcome::Snoozed(snooze)
             }
             Err(e) => {

@@ -1,50 +1,131 @@
-//! The SQL behind fairness: running counts per user, candidate selection that skips full users,
-//! per-user advisory locks, and tier look-ups. Every function runs on the caller's connection, so
-//! the gate's statements share the fetch transaction.
+//! The SQL behind fairness. Every function runs on the caller's connection, so the gate's
+//! statements share the fetch transaction.
 
 use std::collections::HashMap;
 
 use common::Tier;
 use queue::JobId;
 use sqlx::PgConnection;
+use uuid::Uuid;
 
 use crate::FairnessError;
 use crate::decision::Candidate;
 
-/// Running jobs per user in `queues` (optionally only for `users`).
-pub async fn running_counts(
+/// Per-tier limits, bound as SQL parameters.
+#[derive(Debug, Clone, Copy)]
+pub struct TierLimits {
+    pub free: i64,
+    pub pro: i64,
+    pub pro_plus: i64,
+    pub enterprise: i64,
+}
+
+/// Candidate selection for the gate, in one statement:
+///
+/// - `full_users`: users whose running jobs in the service's queues already fill their tier's
+///   limit (tiers read from `users`); their jobs are skipped, so a heavy user's backlog never
+///   occupies a worker or hides anyone else's job;
+/// - every other runnable job is taken in fetch order and locked `FOR UPDATE SKIP LOCKED`;
+/// - a user job is only taken if this transaction gets its user's advisory lock without waiting
+///   (`pg_try_advisory_xact_lock`): a user being admitted by another fetch right now, on any
+///   replica, is left to the next fetch. The lock is held until commit, so the gate's next
+///   statement can count the user's running jobs knowing no one else admits them meanwhile.
+///
+/// `$1` queue, `$2` the service's queues, `$3..$6` limits (free, pro, pro plus, enterprise),
+/// `$7` how many, `$8` the service name (lock namespace).
+const CANDIDATES_SQL: &str = "
+WITH running AS (
+    SELECT user_id, count(*) AS n FROM fairlane_job
+    WHERE state = 'running' AND user_id IS NOT NULL AND queue = ANY($2)
+    GROUP BY user_id
+), full_users AS (
+    SELECT r.user_id FROM running r LEFT JOIN users u ON u.id = r.user_id
+    WHERE r.n >= CASE u.tier WHEN 'pro' THEN $4 WHEN 'pro_plus' THEN $5
+                             WHEN 'enterprise' THEN $6 ELSE $3 END
+)
+SELECT j.id, j.user_id FROM fairlane_job j
+WHERE j.state = 'available' AND j.queue = $1
+  AND (j.user_id IS NULL OR (
+        j.user_id NOT IN (SELECT user_id FROM full_users)
+        AND pg_try_advisory_xact_lock(
+              hashtextextended('fairlane-fairness:' || $8 || ':' || j.user_id::text, 0))))
+ORDER BY j.priority, j.scheduled_at, j.id
+LIMIT $7
+FOR UPDATE OF j SKIP LOCKED";
+
+/// Locks up to `limit` candidates of `queue` (see [`CANDIDATES_SQL`]).
+pub async fn lock_candidates(
     conn: &mut PgConnection,
+    service: &str,
+    queue: &str,
     queues: &[String],
-    users: Option<&[String]>,
-) -> Result<HashMap<String, u32>, FairnessError> {
-    // Both predicates match the `fairlane_job_running_user` partial index.
-    let rows: Vec<(String, i64)> = match users {
-        None => {
-            sqlx::query_as(
-                "SELECT user_id, count(*) FROM fairlane_job \
-                 WHERE state = 'running' AND user_id IS NOT NULL AND queue = ANY($1) \
-                 GROUP BY user_id",
-            )
-            .bind(queues)
-            .fetch_all(&mut *conn)
-            .await?
-        }
-        Some(users) => {
-            sqlx::query_as(
-                "SELECT user_id, count(*) FROM fairlane_job \
-                 WHERE state = 'running' AND user_id IS NOT NULL AND user_id = ANY($2) \
-                   AND queue = ANY($1) \
-                 GROUP BY user_id",
-            )
-            .bind(queues)
-            .bind(users)
-            .fetch_all(&mut *conn)
-            .await?
-        }
-    };
+    limits: &TierLimits,
+    limit: usize,
+) -> Result<Vec<Candidate>, FairnessError> {
+    let rows: Vec<(JobId, Option<Uuid>)> = sqlx::query_as(CANDIDATES_SQL)
+        .bind(queue)
+        .bind(queues)
+        .bind(limits.free)
+        .bind(limits.pro)
+        .bind(limits.pro_plus)
+        .bind(limits.enterprise)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .bind(service)
+        .fetch_all(&mut *conn)
+        .await?;
     Ok(rows
         .into_iter()
-        .map(|(u, n)| (u, u32::try_from(n).unwrap_or(u32::MAX)))
+        .map(|(job_id, user_id)| Candidate { job_id, user_id })
+        .collect())
+}
+
+/// Locks up to `limit` runnable jobs of `queue` in fetch order, with no fairness at all
+/// (`FAIRNESS_ENABLED=false`).
+pub async fn lock_any(
+    conn: &mut PgConnection,
+    queue: &str,
+    limit: usize,
+) -> Result<Vec<JobId>, FairnessError> {
+    Ok(sqlx::query_scalar(
+        "SELECT id FROM fairlane_job WHERE state = 'available' AND queue = $1 \
+         ORDER BY priority, scheduled_at, id LIMIT $2 FOR UPDATE SKIP LOCKED",
+    )
+    .bind(queue)
+    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+    .fetch_all(&mut *conn)
+    .await?)
+}
+
+/// For each of `users`: running jobs in `queues`, and tier (Free when the user is unknown).
+pub async fn counts_and_tiers(
+    conn: &mut PgConnection,
+    queues: &[String],
+    users: &[Uuid],
+) -> Result<HashMap<Uuid, (u32, Tier)>, FairnessError> {
+    let rows: Vec<(Uuid, i64, Option<String>)> = sqlx::query_as(
+        "SELECT c.user_id, \
+                (SELECT count(*) FROM fairlane_job j \
+                 WHERE j.state = 'running' AND j.user_id IS NOT NULL \
+                   AND j.user_id = c.user_id AND j.queue = ANY($1)), \
+                u.tier::text \
+         FROM unnest($2::uuid[]) AS c(user_id) \
+         LEFT JOIN users u ON u.id = c.user_id",
+    )
+    .bind(queues)
+    .bind(users)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(user, n, tier)| {
+            (
+                user,
+                (
+                    u32::try_from(n).unwrap_or(u32::MAX),
+                    Tier::resolve(tier.as_deref()),
+                ),
+            )
+        })
         .collect())
 }
 
@@ -52,7 +133,7 @@ pub async fn running_counts(
 pub async fn other_running(
     conn: &mut PgConnection,
     queues: &[String],
-    user: &str,
+    user: Uuid,
     except: JobId,
 ) -> Result<u32, FairnessError> {
     let n: i64 = sqlx::query_scalar(
@@ -68,75 +149,21 @@ pub async fn other_running(
     Ok(u32::try_from(n).unwrap_or(u32::MAX))
 }
 
-/// Locks (`FOR UPDATE SKIP LOCKED`) up to `limit` runnable jobs of `queue` in fetch order,
-/// skipping the jobs of `full_users`.
-pub async fn lock_candidates(
-    conn: &mut PgConnection,
-    queue: &str,
-    full_users: &[String],
-    limit: usize,
-) -> Result<Vec<Candidate>, FairnessError> {
-    let rows: Vec<(JobId, Option<String>)> = sqlx::query_as(
-        "SELECT id, user_id FROM fairlane_job \
-         WHERE state = 'available' AND queue = $1 \
-           AND (user_id IS NULL OR NOT (user_id = ANY($2))) \
-         ORDER BY priority, scheduled_at, id \
-         LIMIT $3 \
-         FOR UPDATE SKIP LOCKED",
-    )
-    .bind(queue)
-    .bind(full_users)
-    .bind(i64::try_from(limit).unwrap_or(i64::MAX))
-    .fetch_all(&mut *conn)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(job_id, user_id)| Candidate { job_id, user_id })
-        .collect())
-}
-
-/// Takes transaction-scoped advisory locks on `keys`, in ascending order so that two
-/// transactions locking overlapping sets can never deadlock.
-pub async fn lock_keys(conn: &mut PgConnection, keys: &mut [i64]) -> Result<(), FairnessError> {
-    if keys.is_empty() {
-        return Ok(());
-    }
-    keys.sort_unstable();
-    sqlx::query("SELECT pg_advisory_xact_lock(k) FROM unnest($1::int8[]) AS k")
-        .bind(&*keys)
-        .execute(&mut *conn)
-        .await?;
-    Ok(())
-}
-
-/// The tiers of `users` from the `users` table. Ids that are not UUIDs, or not found, are absent
-/// (the caller treats them as Free).
+/// The tiers of `users` from the `users` table; unknown users are absent.
 pub async fn tiers(
     conn: &mut PgConnection,
-    users: &[&str],
-) -> Result<HashMap<String, Tier>, FairnessError> {
-    let ids: Vec<uuid::Uuid> = users
-        .iter()
-        .filter_map(|u| uuid::Uuid::parse_str(u).ok())
-        .collect();
-    if ids.is_empty() {
+    users: &[Uuid],
+) -> Result<HashMap<Uuid, Tier>, FairnessError> {
+    if users.is_empty() {
         return Ok(HashMap::new());
     }
-    let rows: Vec<(uuid::Uuid, String)> =
+    let rows: Vec<(Uuid, String)> =
         sqlx::query_as("SELECT id, tier::text FROM users WHERE id = ANY($1)")
-            .bind(&ids)
+            .bind(users)
             .fetch_all(&mut *conn)
             .await?;
-    // Key by the id as written in the job (any case); `Uuid` parses both.
-    let by_uuid: HashMap<uuid::Uuid, Tier> = rows
+    Ok(rows
         .into_iter()
         .map(|(id, tier)| (id, Tier::resolve(Some(&tier))))
-        .collect();
-    Ok(users
-        .iter()
-        .filter_map(|u| {
-            let id = uuid::Uuid::parse_str(u).ok()?;
-            by_uuid.get(&id).map(|t| ((*u).to_owned(), *t))
-        })
         .collect())
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use common::Tier;
 use sqlx::PgConnection;
 use tokio::time::Instant;
+use uuid::Uuid;
 
 use crate::FairnessError;
 use crate::store;
@@ -16,7 +17,7 @@ use crate::store;
 #[derive(Debug)]
 pub struct TierCache {
     ttl: Duration,
-    entries: Mutex<HashMap<String, (Tier, Instant)>>,
+    entries: Mutex<HashMap<Uuid, (Tier, Instant)>>,
 }
 
 impl TierCache {
@@ -28,11 +29,11 @@ impl TierCache {
     }
 
     /// Tiers of `users`; unknown users are Free (seed ADR-10's default).
-    pub async fn tiers<'a>(
+    pub async fn tiers(
         &self,
         conn: &mut PgConnection,
-        users: impl IntoIterator<Item = &'a str>,
-    ) -> Result<HashMap<String, Tier>, FairnessError> {
+        users: impl IntoIterator<Item = Uuid>,
+    ) -> Result<HashMap<Uuid, Tier>, FairnessError> {
         let now = Instant::now();
         let mut found = HashMap::new();
         let mut missing = Vec::new();
@@ -42,9 +43,9 @@ impl TierCache {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             for user in users {
-                match entries.get(user) {
+                match entries.get(&user) {
                     Some((tier, at)) if now.duration_since(*at) < self.ttl => {
-                        found.insert(user.to_owned(), *tier);
+                        found.insert(user, *tier);
                     }
                     _ => missing.push(user),
                 }
@@ -62,9 +63,9 @@ impl TierCache {
             entries.retain(|_, (_, at)| now.duration_since(*at) < self.ttl);
         }
         for user in missing {
-            let tier = fetched.get(user).copied().unwrap_or(Tier::Free);
-            entries.insert(user.to_owned(), (tier, now));
-            found.insert(user.to_owned(), tier);
+            let tier = fetched.get(&user).copied().unwrap_or(Tier::Free);
+            entries.insert(user, (tier, now));
+            found.insert(user, tier);
         }
         Ok(found)
     }

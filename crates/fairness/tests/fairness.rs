@@ -150,12 +150,11 @@ impl Harness {
                 self.db.pool.clone(),
                 &queues,
                 fairness.clone(),
-                tiers.clone(),
+                tiers,
             )));
         if fairness.fairness_fetch_gate {
-            builder = builder.fetch_gate(Arc::new(FairnessGate::new(
-                "analysis", &queues, fairness, tiers,
-            )));
+            builder =
+                builder.fetch_gate(Arc::new(FairnessGate::new("analysis", &queues, fairness)));
         }
         for q in queues {
             builder = builder.queue(q, workers);

@@ -173,7 +173,7 @@ impl Client {
                     job_id: job.id,
                     queue: job.queue.clone(),
                     kind: job.kind.clone(),
-                    user_id: job.user_id.clone(),
+                    user_id: job.user_id,
                     state: job.state,
                 };
                 run_hooks(&self.hooks, conn, std::slice::from_ref(&transition)).await?;

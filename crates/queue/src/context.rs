@@ -83,8 +83,8 @@ impl JobContext {
     }
 
     /// The user the job belongs to, if any (`args.user_id`).
-    pub fn user_id(&self) -> Option<&str> {
-        self.inner.job.user_id.as_deref()
+    pub fn user_id(&self) -> Option<uuid::Uuid> {
+        self.inner.job.user_id
     }
 
     /// The id of the worker process running the job.

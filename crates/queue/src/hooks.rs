@@ -21,7 +21,7 @@ pub struct Transition {
     pub job_id: JobId,
     pub queue: String,
     pub kind: String,
-    pub user_id: Option<String>,
+    pub user_id: Option<uuid::Uuid>,
     /// The state the job is in after the transition.
     pub state: JobState,
 }

@@ -115,6 +115,16 @@ impl NewJob {
                 json_type(&self.args)
             ));
         }
+        match self.args.get("user_id") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(id)) if uuid::Uuid::parse_str(id).is_ok() => {}
+            Some(other) => {
+                return bad(format!(
+                    "args.user_id of `{}` must be a user's UUID, got {other}",
+                    self.kind
+                ));
+            }
+        }
         if !PRIORITY_RANGE.contains(&self.priority) {
             return bad(format!(
                 "priority must be between 1 and 4, got {}",

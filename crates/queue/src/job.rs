@@ -2,6 +2,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+use uuid::Uuid;
 
 /// A job's id (the `fairlane_job.id` identity).
 pub type JobId = i64;
@@ -66,7 +67,7 @@ pub struct JobRow {
     pub queue: String,
     pub kind: String,
     pub args: serde_json::Value,
-    pub user_id: Option<String>,
+    pub user_id: Option<Uuid>,
     pub priority: i16,
     pub attempt: i16,
     pub max_attempts: i16,

@@ -192,7 +192,7 @@ async fn user_id_is_indexed_from_the_arguments() {
     .unwrap();
     let inserted = client.insert(job).await.unwrap();
     assert_eq!(
-        inserted.job.user_id.as_deref(),
+        inserted.job.user_id.map(|u| u.to_string()).as_deref(),
         Some("7d6f0a48-1f5e-4f3e-9d7e-0c6c1e4f7b10")
     );
     let system = client
@@ -200,4 +200,6 @@ async fn user_id_is_indexed_from_the_arguments() {
         .await
         .unwrap();
     assert_eq!(system.job.user_id, None);
+    let err = NewJob::from_json("x", q("a"), serde_json::json!({"user_id": "alice"})).unwrap_err();
+    assert!(err.to_string().contains("must be a user's UUID"), "{err}");
 }

@@ -112,7 +112,6 @@ async fn run_engine(
             spec.service.as_str(),
             &queues,
             config.fairness.clone(),
-            tiers,
         )));
     }
     for (lane, workers) in Lane::ALL.into_iter().zip(spec.lane_workers) {
