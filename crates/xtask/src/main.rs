@@ -1,8 +1,9 @@
 //! `cargo xtask`: the developer's entry point. `test` runs every check and test against real
 //! PostgreSQL and Redis (starting private servers when none is reachable), `bench` runs the
-//! benchmarks.
+//! benchmarks, `dev` runs the whole system locally.
 
 mod bench;
+mod dev;
 mod services;
 mod test;
 
@@ -31,6 +32,12 @@ enum Command {
         #[arg(value_enum)]
         suite: bench::Suite,
     },
+    /// Run the whole system on this machine until Ctrl-C.
+    Dev {
+        /// Port of the HTTP API.
+        #[arg(long, default_value_t = 8080)]
+        port: u16,
+    },
 }
 
 fn main() {
@@ -38,6 +45,7 @@ fn main() {
     let result = match cli.command {
         Command::Test { no_lint, args } => test::run(!no_lint, &args),
         Command::Bench { suite } => bench::run(suite),
+        Command::Dev { port } => dev::run(port),
     };
     if let Err(e) = result {
         #[allow(clippy::print_stderr)]

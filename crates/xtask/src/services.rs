@@ -140,7 +140,7 @@ fn pg_command(bindir: &Path, tool: &str, args: &[&str]) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn start_private_postgres(durability: Durability) -> anyhow::Result<String> {
+pub(crate) fn start_private_postgres(durability: Durability) -> anyhow::Result<String> {
     let url = format!("postgres://postgres@127.0.0.1:{PRIVATE_PG_PORT}/postgres");
     if reachable(&format!("127.0.0.1:{PRIVATE_PG_PORT}")) {
         return Ok(url);

@@ -1,0 +1,241 @@
+//! `cargo xtask dev`: the whole system on this machine. Without `DATABASE_URL` it starts a private
+//! PostgreSQL from the installed server binaries (in `.fairlane/`), creates the `fairlane_dev`
+//! database and migrates it; creates one demo user per tier and prints their API keys and a sample
+//! `curl`; starts every Fairlane service; and stops them all on Ctrl-C. Without `REDIS_URL` the API
+//! uses the in-memory rate limiter.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use crate::services::{self, Durability, libpq_url};
+use crate::test::cargo;
+use crate::{say, workspace_root};
+
+const TIERS: [&str; 4] = ["free", "pro", "pro_plus", "enterprise"];
+
+/// The services `dev` runs: binary, the port of its HTTP surface.
+const SERVICES: [(&str, u16); 4] = [
+    ("analyzer-worker", 9091),
+    ("specgen-worker", 9092),
+    ("scheduler", 9093),
+    ("web", 0),
+];
+
+pub(crate) fn run(port: u16) -> anyhow::Result<()> {
+    let root = workspace_root();
+    let database_url = match std::env::var("DATABASE_URL") {
+        Ok(url) => url,
+        Err(_) => {
+            let server = services::start_private_postgres(Durability::Default)?;
+            create_database(&server, "fairlane_dev")?;
+            with_database(&server, "fairlane_dev")
+        }
+    };
+    let bins: Vec<&str> = SERVICES
+        .iter()
+        .map(|(b, _)| *b)
+        .filter(|b| root.join("crates").join(b).exists())
+        .collect();
+    say(format!("building {}", bins.join(", ")));
+    let mut args = vec!["build", "--quiet"];
+    for b in &bins {
+        args.extend(["--bin", b]);
+    }
+    cargo(&root, &args, &[])?;
+    let target = root.join("target").join("debug");
+
+    let admin_token = format!("dev-admin-{}", std::process::id());
+    let mut env: Vec<(String, String)> = vec![
+        ("DATABASE_URL".into(), database_url.clone()),
+        ("ADMIN_TOKEN".into(), admin_token.clone()),
+        ("HTTP_ADDR".into(), format!("127.0.0.1:{port}")),
+        ("LOG_FORMAT".into(), "pretty".into()),
+        ("ANALYZER_ALLOW_FILE_URLS".into(), "true".into()),
+        (
+            "RATELIMIT_RULES".into(),
+            root.join("deploy/ratelimit/rules.yaml")
+                .to_string_lossy()
+                .into_owned(),
+        ),
+    ];
+    if let Ok(redis) = std::env::var("REDIS_URL") {
+        env.push(("REDIS_URL".into(), redis));
+    }
+    if std::env::var_os("RUST_LOG").is_none() {
+        env.push(("RUST_LOG".into(), "info,sqlx=warn".into()));
+    }
+
+    say("migrating");
+    run_tool(&target.join("web"), &["migrate"], &env)?;
+    let keys = demo_keys(&target.join("web"), &env)?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&stop);
+    ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
+        .context("installing the Ctrl-C handler")?;
+
+    let mut children: Vec<(String, Child)> = Vec::new();
+    for (bin, http_port) in SERVICES.iter().filter(|(b, _)| bins.contains(b)) {
+        let mut child_env = env.clone();
+        if *http_port != 0 {
+            child_env.retain(|(k, _)| k != "HTTP_ADDR");
+            child_env.push(("HTTP_ADDR".into(), format!("127.0.0.1:{http_port}")));
+        }
+        let child = Command::new(target.join(bin))
+            .envs(child_env)
+            .stdin(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {bin}"))?;
+        children.push(((*bin).to_owned(), child));
+    }
+    wait_ready(port, &stop)?;
+    print_welcome(port, &keys, &admin_token);
+
+    // Run until Ctrl-C or until a service dies.
+    let mut failed = None;
+    while !stop.load(Ordering::SeqCst) && failed.is_none() {
+        for (name, child) in &mut children {
+            if let Ok(Some(status)) = child.try_wait() {
+                failed = Some(format!("{name} exited ({status})"));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    say("stopping every service");
+    for (_, child) in &children {
+        terminate(child);
+    }
+    let deadline = Instant::now() + Duration::from_secs(40);
+    for (name, child) in &mut children {
+        while child.try_wait().ok().flatten().is_none() {
+            if Instant::now() > deadline {
+                say(format!("{name} did not stop in time; killing it"));
+                let _ = child.kill();
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    match failed {
+        Some(reason) => bail!(reason),
+        None => Ok(()),
+    }
+}
+
+fn terminate(child: &Child) {
+    // SIGTERM, so each service drains; Ctrl-C in a terminal has usually sent SIGINT already.
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+}
+
+fn run_tool(program: &Path, args: &[&str], env: &[(String, String)]) -> anyhow::Result<String> {
+    let out = Command::new(program)
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .env("RUST_LOG", "warn")
+        .output()
+        .with_context(|| format!("running {}", program.display()))?;
+    if !out.status.success() {
+        bail!(
+            "{} {} failed: {}",
+            program.display(),
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// One demo user per tier, each with a fresh API key: (tier, user id, key).
+fn demo_keys(web: &Path, env: &[(String, String)]) -> anyhow::Result<Vec<(String, String, String)>> {
+    let mut keys = Vec::new();
+    for tier in TIERS {
+        let user: serde_json::Value = serde_json::from_str(&run_tool(
+            web,
+            &["admin", "create-user", "--name", &format!("demo-{tier}"), "--tier", tier],
+            env,
+        )?)?;
+        let id = user["id"]
+            .as_str()
+            .context("create-user printed no id")?
+            .to_owned();
+        let key: serde_json::Value =
+            serde_json::from_str(&run_tool(web, &["admin", "issue-key", "--user", &id], env)?)?;
+        let secret = key["key"]
+            .as_str()
+            .context("issue-key printed no key")?
+            .to_owned();
+        keys.push((tier.to_owned(), id, secret));
+    }
+    Ok(keys)
+}
+
+fn wait_ready(port: u16, stop: &AtomicBool) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !stop.load(Ordering::SeqCst) {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("the API did not start listening on port {port} within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    Ok(())
+}
+
+#[allow(clippy::print_stdout)]
+fn print_welcome(port: u16, keys: &[(String, String, String)], admin_token: &str) {
+    println!("\nFairlane is running.\n");
+    println!("  API        http://127.0.0.1:{port}   (docs: /docs, OpenAPI: /openapi.json)");
+    println!("  workers    analyzer :9091, specgen :9092, scheduler :9093  (/healthz /readyz /metrics)");
+    println!("  admin      Authorization: Bearer {admin_token}\n");
+    println!("  Demo API keys (shown once):");
+    for (tier, user, key) in keys {
+        println!("    {tier:<11} {key}   (user {user})");
+    }
+    if let Some((_, _, key)) = keys.iter().find(|(t, _, _)| t == "pro") {
+        println!("\n  Try:");
+        println!(
+            "    curl -s -X POST http://127.0.0.1:{port}/v1/analyses \\\n      -H 'Authorization: Bearer {key}' -H 'Content-Type: application/json' \\\n      -d '{{\"repository\": \"https://github.com/rust-lang/log\"}}'"
+        );
+        println!(
+            "    curl -s http://127.0.0.1:{port}/v1/usage -H 'Authorization: Bearer {key}'"
+        );
+    }
+    println!("\n  Ctrl-C stops everything.\n");
+}
+
+fn create_database(server_url: &str, name: &str) -> anyhow::Result<()> {
+    let url = libpq_url(server_url);
+    let exists = Command::new("psql")
+        .args([&url, "-Atc", &format!("SELECT 1 FROM pg_database WHERE datname = '{name}'")])
+        .output()
+        .context("running psql")?;
+    if String::from_utf8_lossy(&exists.stdout).trim() == "1" {
+        return Ok(());
+    }
+    let status = Command::new("psql")
+        .args([&url, "-qc", &format!("CREATE DATABASE {name}")])
+        .status()?;
+    if !status.success() {
+        bail!("could not create database {name}");
+    }
+    Ok(())
+}
+
+/// `server_url` with its database replaced by `name`.
+fn with_database(server_url: &str, name: &str) -> String {
+    let base = libpq_url(server_url);
+    match base.rfind('/') {
+        Some(i) if base[..i].contains("//") && i > base.find("//").map_or(0, |j| j + 1) => {
+            format!("{}/{name}", &base[..i])
+        }
+        _ => format!("{base}/{name}"),
+    }
+}
