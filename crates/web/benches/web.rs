@@ -1,0 +1,2 @@
+//! Placeholder replaced by the benchmark below.
+fn main() {}
