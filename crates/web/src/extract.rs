@@ -27,19 +27,30 @@ fn is_json(content_type: &str) -> bool {
 /// Decodes `bytes` as `T`, mapping errors to 400 (`invalid_json`: not JSON at all) or 422
 /// (`validation_failed`: JSON of the wrong shape).
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
-    serde_json::from_slice(bytes).map_err(|e| {
-        use serde_json::error::Category;
-        match e.classify() {
-            Category::Syntax | Category::Eof | Category::Io => Problem::new(
-                StatusCode::BAD_REQUEST,
-                "invalid_json",
-                format!("the request body is not valid JSON: {e}"),
-            ),
-            Category::Data => {
-                Problem::validation(format!("the request body is not acceptable: {e}"))
-            }
-        }
-    })
+    // Syntax first, shape second: a truncated document is "not JSON" even when its first
+    // value already has the wrong type.
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
+        Problem::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+            format!("the request body is not valid JSON: {e}"),
+        )
+    })?;
+    if !value.is_object() {
+        let kind = match value {
+            serde_json::Value::Null => "null",
+            serde_json::Value::Bool(_) => "a boolean",
+            serde_json::Value::Number(_) => "a number",
+            serde_json::Value::String(_) => "a string",
+            serde_json::Value::Array(_) => "an array",
+            serde_json::Value::Object(_) => "an object",
+        };
+        return Err(Problem::validation(format!(
+            "the request body must be a JSON object, got {kind}"
+        )));
+    }
+    serde_json::from_value(value)
+        .map_err(|e| Problem::validation(format!("the request body is not acceptable: {e}")))
 }
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {

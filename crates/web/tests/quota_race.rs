@@ -8,7 +8,9 @@ mod support;
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
-use support::{Http, TestServer, analysis_body, config, count, seed_usage, spawn_web, user_with_key};
+use support::{
+    Http, TestServer, analysis_body, config, count, seed_usage, spawn_web, user_with_key,
+};
 use testkit::TestDb;
 use uuid::Uuid;
 
@@ -16,7 +18,12 @@ const REQUESTS: u64 = 200;
 const ROUNDS: u64 = 20;
 
 async fn reset(pool: &PgPool, user: Uuid) {
-    for table in ["usage_events", "quota_reservations", "fairlane_job", "analyses"] {
+    for table in [
+        "usage_events",
+        "quota_reservations",
+        "fairlane_job",
+        "analyses",
+    ] {
         sqlx::query(sqlx::AssertSqlSafe(format!("DELETE FROM {table}")))
             .execute(pool)
             .await
@@ -58,7 +65,10 @@ async fn round(pool: &PgPool, servers: &[Http], key: &str, round: u64) {
                     body["period_end"].as_str().unwrap().parse().unwrap();
                 let retry: i64 = r.header("retry-after").unwrap().parse().unwrap();
                 let to_end = (period_end - Utc::now()).num_seconds();
-                assert!(retry >= 1 && retry <= to_end + 2, "Retry-After {retry}, period ends in {to_end} s");
+                assert!(
+                    retry >= 1 && retry <= to_end + 2,
+                    "Retry-After {retry}, period ends in {to_end} s"
+                );
             }
             other => panic!("unexpected {other}: {}", r.text()),
         }

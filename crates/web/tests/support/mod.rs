@@ -146,7 +146,10 @@ impl Http {
         self.send(
             Method::POST,
             path,
-            &[("authorization", &auth), ("content-type", "application/json")],
+            &[
+                ("authorization", &auth),
+                ("content-type", "application/json"),
+            ],
             Some(serde_json::to_vec(body).unwrap()),
         )
         .await
@@ -246,7 +249,9 @@ pub async fn spawn_web(db: &TestDb, extra_env: &[(&str, String)]) -> (ChildProce
 /// A user of `tier` with an API key; returns (user id, key).
 pub async fn user_with_key(pool: &PgPool, tier: &str) -> (Uuid, String) {
     let tier = web::admin::parse_tier(tier).unwrap();
-    let user = web::admin::create_user(pool, "test user", tier).await.unwrap();
+    let user = web::admin::create_user(pool, "test user", tier)
+        .await
+        .unwrap();
     let key = web::admin::issue_key(pool, user.id).await.unwrap();
     (user.id, key.key)
 }
