@@ -30,6 +30,9 @@ pub struct WebConfig {
     pub ratelimit_rules: String,
     /// Turns rate limiting off altogether (benchmarks, local debugging).
     pub ratelimit_enabled: bool,
+    /// Longest wait for Redis per decision before the in-memory fallback decides.
+    #[serde(with = "humantime_serde")]
+    pub ratelimit_deadline: Duration,
     /// Accept `file://` repositories (tests and local development only).
     pub analyzer_allow_file_urls: bool,
     /// Longest time one request may take before it is answered with 503 and rolled back.
@@ -83,6 +86,7 @@ impl Default for WebConfig {
             redis_url: None,
             ratelimit_rules: "deploy/ratelimit/rules.yaml".to_owned(),
             ratelimit_enabled: true,
+            ratelimit_deadline: Duration::from_millis(20),
             analyzer_allow_file_urls: false,
             http_request_timeout: Duration::from_secs(30),
             http_body_limit: 16 * 1024,

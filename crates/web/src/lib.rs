@@ -107,7 +107,10 @@ pub fn build_state(config: &WebConfig, pool: PgPool) -> anyhow::Result<AppState>
             ratelimit::Limiter::from_file(
                 &config.ratelimit_rules,
                 config.redis_url.as_deref(),
-                ratelimit::LimiterConfig::default(),
+                ratelimit::LimiterConfig {
+                    deadline: config.ratelimit_deadline,
+                    ..ratelimit::LimiterConfig::default()
+                },
             )
             .with_context(|| format!("rate limiter (rules {})", config.ratelimit_rules))?,
         )
