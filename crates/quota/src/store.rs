@@ -64,6 +64,57 @@ pub struct Reservation {
     pub before: Standing,
 }
 
+/// A passed quota check, valid inside the transaction that made it (which holds the user's
+/// lock). Turn it into a [`Reservation`] with [`Grant::reserve`] before committing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a grant reserves nothing until `reserve` is called"]
+pub struct Grant {
+    pub user_id: Uuid,
+    /// The user's tier as read (and locked) from `users`; unknown names resolve to Free.
+    pub tier: Tier,
+    pub event_type: Service,
+    /// Units the request costs.
+    pub amount: i64,
+    pub period: BillingPeriod,
+    /// The standing before this request.
+    pub before: Standing,
+    ttl: Duration,
+}
+
+impl Grant {
+    /// Inserts the reservation, linked to `job_id` if the job is already inserted (in the same
+    /// transaction), else unlinked until [`Reservation::attach_job`].
+    pub async fn reserve(
+        self,
+        conn: &mut PgConnection,
+        job_id: Option<JobId>,
+    ) -> Result<Reservation, QuotaError> {
+        let (id, expires_at): (Uuid, DateTime<Utc>) = sqlx::query_as(
+            "INSERT INTO quota_reservations (user_id, event_type, reserved_amount, job_id, expires_at) \
+             VALUES ($1, $2::fairlane_usage_event_type, $3, $4, now() + make_interval(secs => $5)) \
+             RETURNING id, expires_at",
+        )
+        .bind(self.user_id)
+        .bind(self.event_type.as_str())
+        .bind(i32::try_from(self.amount).unwrap_or(i32::MAX))
+        .bind(job_id)
+        .bind(self.ttl.as_secs_f64())
+        .fetch_one(&mut *conn)
+        .await?;
+        tracing::debug!(user_id = %self.user_id, reservation_id = %id, event_type = self.event_type.as_str(), amount = self.amount, job_id, "quota reserved");
+        Ok(Reservation {
+            id,
+            user_id: self.user_id,
+            tier: self.tier,
+            event_type: self.event_type,
+            amount: self.amount,
+            expires_at,
+            period: self.period,
+            before: self.before,
+        })
+    }
+}
+
 /// One event type's usage in the current period.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct EventUsage {
@@ -126,24 +177,33 @@ impl Quota {
     }
 
     /// Checks `used + reserved + cost <= limit` for one request of `event_type` and, if it fits,
-    /// inserts a reservation (without a job yet). Must run inside the caller's transaction
+    /// returns a [`Grant`] to turn into a reservation. Must run inside the caller's transaction
     /// (`&mut *tx`): it locks the user's row until that transaction ends, which serializes
-    /// concurrent reservations of the same user. The caller then inserts the job and calls
-    /// [`Reservation::attach_job`] before committing; a rollback leaves nothing behind.
-    pub async fn reserve(
+    /// concurrent checks of the same user, so the decision stays true until the reservation the
+    /// caller inserts next is committed. The grant carries the user's tier (read under the same
+    /// lock) for choosing the job's queue.
+    pub async fn check(
         &self,
         conn: &mut PgConnection,
         user_id: Uuid,
         event_type: Service,
         now: DateTime<Utc>,
-    ) -> Result<Reservation, QuotaError> {
+    ) -> Result<Grant, QuotaError> {
         let tier = lock_user(conn, user_id).await?;
         let period = self.period(now);
         let limit = self.config.limit(event_type, tier);
         let requested = self.config.cost(event_type);
         let before = standing(conn, user_id, event_type, period, limit).await?;
         match before.decide(requested) {
-            Decision::Allow { .. } => {}
+            Decision::Allow { .. } => Ok(Grant {
+                user_id,
+                tier,
+                event_type,
+                amount: requested,
+                period,
+                before,
+                ttl: self.config.quota_reservation_ttl,
+            }),
             Decision::Deny { .. } => {
                 self.rejections.add(
                     1,
@@ -154,7 +214,7 @@ impl Quota {
                 );
                 tracing::info!(%user_id, event_type = event_type.as_str(), tier = tier.as_str(),
                     used = before.used, reserved = before.reserved, limit, "quota exceeded");
-                return Err(QuotaError::Exceeded(Box::new(QuotaExceeded {
+                Err(QuotaError::Exceeded(Box::new(QuotaExceeded {
                     user_id,
                     tier,
                     event_type,
@@ -163,32 +223,23 @@ impl Quota {
                     requested,
                     limit,
                     period,
-                })));
+                })))
             }
         }
-        let ttl_secs = self.config.quota_reservation_ttl.as_secs_f64();
-        let (id, expires_at): (Uuid, DateTime<Utc>) = sqlx::query_as(
-            "INSERT INTO quota_reservations (user_id, event_type, reserved_amount, expires_at) \
-             VALUES ($1, $2::fairlane_usage_event_type, $3, now() + make_interval(secs => $4)) \
-             RETURNING id, expires_at",
-        )
-        .bind(user_id)
-        .bind(event_type.as_str())
-        .bind(i32::try_from(requested).unwrap_or(i32::MAX))
-        .bind(ttl_secs)
-        .fetch_one(&mut *conn)
-        .await?;
-        tracing::debug!(%user_id, reservation_id = %id, event_type = event_type.as_str(), amount = requested, "quota reserved");
-        Ok(Reservation {
-            id,
-            user_id,
-            tier,
-            event_type,
-            amount: requested,
-            expires_at,
-            period,
-            before,
-        })
+    }
+
+    /// [`Quota::check`] and [`Grant::reserve`] without a job: the reservation is inserted now and
+    /// linked later with [`Reservation::attach_job`] (the ADR-21 order: reserve, insert the job,
+    /// link). Prefer `check` + `reserve(conn, Some(job_id))`, one statement fewer.
+    pub async fn reserve(
+        &self,
+        conn: &mut PgConnection,
+        user_id: Uuid,
+        event_type: Service,
+        now: DateTime<Utc>,
+    ) -> Result<Reservation, QuotaError> {
+        let grant = self.check(conn, user_id, event_type, now).await?;
+        grant.reserve(conn, None).await
     }
 
     /// The user's usage of every event type in the period containing `now`.

@@ -55,7 +55,36 @@ async fn reserve_and_enqueue(
     quota: &Quota,
     user: Uuid,
 ) -> Result<i64, QuotaError> {
+    enqueue(pool, client, quota, user, false).await
+}
+
+/// Check, insert the job, reserve with its id (`link_later`: ADR-21's order instead — reserve,
+/// insert the job, attach).
+async fn enqueue(
+    pool: &PgPool,
+    client: &Client,
+    quota: &Quota,
+    user: Uuid,
+    link_later: bool,
+) -> Result<i64, QuotaError> {
     let mut tx = pool.begin().await.unwrap();
+    if !link_later {
+        let grant = quota
+            .check(&mut tx, user, Service::Analysis, Utc::now())
+            .await?;
+        let args = AnalysisArgs {
+            user_id: Some(user),
+            analysis_id: Uuid::new_v4(),
+            repository: "https://example.com/r.git".into(),
+            git_ref: None,
+        };
+        let job = NewJob::new(select_queue(Service::Analysis, grant.tier, false), &args).unwrap();
+        let inserted = client.insert_tx(&mut tx, job).await.unwrap();
+        let reservation = grant.reserve(&mut tx, Some(inserted.job.id)).await?;
+        assert_eq!(reservation.amount, 1);
+        tx.commit().await.unwrap();
+        return Ok(inserted.job.id);
+    }
     let reservation = quota
         .reserve(&mut tx, user, Service::Analysis, Utc::now())
         .await?;
@@ -98,10 +127,11 @@ async fn concurrent_reservations_never_exceed_the_limit() {
             .unwrap();
         seed_usage(&pool, user, "analysis", 4998).await;
         let mut tasks = Vec::new();
-        for _ in 0..60 {
+        for i in 0..60 {
             let (pool, client, quota) = (pool.clone(), client.clone(), quota.clone());
+            // Both ways of reserving, racing each other.
             tasks.push(tokio::spawn(async move {
-                reserve_and_enqueue(&pool, &client, &quota, user).await
+                enqueue(&pool, &client, &quota, user, i % 2 == 1).await
             }));
         }
         let mut ok = 0;

@@ -99,7 +99,7 @@ impl Default for WebConfig {
 
 impl WebConfig {
     /// Loads defaults, then `file` (if given), then the environment.
-    pub fn load(file: Option<&Path>) -> Result<WebConfig, common::config::ConfigError> {
+    pub fn load(file: Option<&Path>) -> Result<WebConfig, Box<common::config::ConfigError>> {
         Self::load_from(file, std::env::vars().collect())
     }
 
@@ -107,9 +107,10 @@ impl WebConfig {
     pub fn load_from(
         file: Option<&Path>,
         env: Vec<(String, String)>,
-    ) -> Result<WebConfig, common::config::ConfigError> {
-        let mut config: WebConfig = common::config::load_from(file, env.clone())?;
-        let embedded: Embedded = common::config::load_from(file, env.clone())?;
+    ) -> Result<WebConfig, Box<common::config::ConfigError>> {
+        let mut config: WebConfig =
+            common::config::load_from(file, env.clone()).map_err(Box::new)?;
+        let embedded: Embedded = common::config::load_from(file, env.clone()).map_err(Box::new)?;
         config.quota = embedded.quota;
         config.telemetry = embedded.telemetry;
         // The loader parses numeric-looking environment values as numbers, which turns an

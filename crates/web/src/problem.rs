@@ -92,9 +92,12 @@ pub fn title_of(code: &str) -> &'static str {
         .map_or("Error", |(_, _, t)| t)
 }
 
-/// An error response.
+/// An error response (boxed: it travels in every handler's `Err`).
 #[derive(Debug, Clone)]
-pub struct Problem {
+pub struct Problem(Box<ProblemInner>);
+
+#[derive(Debug, Clone)]
+struct ProblemInner {
     status: StatusCode,
     code: &'static str,
     detail: String,
@@ -122,13 +125,13 @@ pub struct ProblemBody {
 
 impl Problem {
     pub fn new(status: StatusCode, code: &'static str, detail: impl Into<String>) -> Self {
-        Problem {
+        Problem(Box::new(ProblemInner {
             status,
             code,
             detail: detail.into(),
             extra: Map::new(),
             headers: HeaderMap::new(),
-        }
+        }))
     }
 
     pub fn unauthorized(detail: impl Into<String>) -> Self {
@@ -169,34 +172,35 @@ impl Problem {
     }
 
     pub fn status(&self) -> StatusCode {
-        self.status
+        self.0.status
     }
 
     pub fn code(&self) -> &'static str {
-        self.code
+        self.0.code
     }
 
     /// Adds a member to the body.
     pub fn with(mut self, key: &str, value: impl Into<Value>) -> Self {
-        self.extra.insert(key.to_owned(), value.into());
+        self.0.extra.insert(key.to_owned(), value.into());
         self
     }
 
     /// Adds a response header.
     pub fn header(mut self, name: HeaderName, value: HeaderValue) -> Self {
-        self.headers.insert(name, value);
+        self.0.headers.insert(name, value);
         self
     }
 
     /// The JSON body.
     pub fn body(&self) -> Value {
+        let p = &self.0;
         let mut body = Map::new();
-        body.insert("type".into(), format!("/docs#problem-{}", self.code).into());
-        body.insert("title".into(), title_of(self.code).into());
-        body.insert("status".into(), self.status.as_u16().into());
-        body.insert("detail".into(), self.detail.clone().into());
-        body.insert("code".into(), self.code.into());
-        for (k, v) in &self.extra {
+        body.insert("type".into(), format!("/docs#problem-{}", p.code).into());
+        body.insert("title".into(), title_of(p.code).into());
+        body.insert("status".into(), p.status.as_u16().into());
+        body.insert("detail".into(), p.detail.clone().into());
+        body.insert("code".into(), p.code.into());
+        for (k, v) in &p.extra {
             body.insert(k.clone(), v.clone());
         }
         Value::Object(body)
@@ -206,11 +210,12 @@ impl Problem {
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
         let body = serde_json::to_vec(&self.body()).unwrap_or_default();
-        let mut response = (self.status, body).into_response();
+        let inner = *self.0;
+        let mut response = (inner.status, body).into_response();
         response
             .headers_mut()
             .insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_CONTENT_TYPE));
-        for (name, value) in self.headers {
+        for (name, value) in inner.headers {
             if let Some(name) = name {
                 response.headers_mut().insert(name, value);
             }

@@ -224,7 +224,14 @@ async fn bad_input_is_a_helpful_4xx_and_writes_nothing() {
         ("content-type", "text/plain"),
     ];
 
-    let cases: Vec<(&[(&str, &str)], Option<Vec<u8>>, u16, &str, &str)> = vec![
+    type Case<'a> = (
+        &'a [(&'a str, &'a str)],
+        Option<Vec<u8>>,
+        u16,
+        &'a str,
+        &'a str,
+    );
+    let cases: Vec<Case<'_>> = vec![
         (
             &json_headers,
             raw("{\"repository\":"),

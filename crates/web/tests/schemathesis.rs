@@ -83,11 +83,12 @@ async fn the_api_conforms_to_its_openapi_document() {
                 &key,
                 "^/(v1/|healthz|readyz|metrics|openapi.json|docs)",
                 &[],
-            )
+            );
         }
     });
     user.await.unwrap();
-    let admin =
-        tokio::task::spawn_blocking(move || schemathesis(&base, ADMIN_TOKEN, "^/admin/", &[]));
+    let admin = tokio::task::spawn_blocking(move || {
+        schemathesis(&base, ADMIN_TOKEN, "^/admin/", &[]);
+    });
     admin.await.unwrap();
 }

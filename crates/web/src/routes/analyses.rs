@@ -176,9 +176,9 @@ pub async fn create(
 
     let analysis_id = Uuid::new_v4();
     let mut tx = state.pool.begin().await?;
-    let reservation = state
+    let grant = state
         .quota
-        .reserve(&mut tx, user.user_id, Service::Analysis, Utc::now())
+        .check(&mut tx, user.user_id, Service::Analysis, Utc::now())
         .await
         .map_err(quota_problem)?;
     let args = AnalysisArgs {
@@ -188,12 +188,12 @@ pub async fn create(
         git_ref: Some(commit.clone()),
     };
     let job = crate::with_trace(NewJob::new(
-        select_queue(Service::Analysis, reservation.tier, false),
+        select_queue(Service::Analysis, grant.tier, false),
         &args,
     )?);
     let inserted = state.queue.insert_tx(&mut tx, job).await?;
-    reservation
-        .attach_job(&mut tx, inserted.job.id)
+    grant
+        .reserve(&mut tx, Some(inserted.job.id))
         .await
         .map_err(quota_problem)?;
     sqlx::query(

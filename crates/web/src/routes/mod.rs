@@ -171,10 +171,9 @@ pub struct AnalysisView {
     pub completed_at: Option<DateTime<Utc>>,
 }
 
-impl TryFrom<String> for WorkState {
-    type Error = std::convert::Infallible;
-    fn try_from(s: String) -> Result<Self, Self::Error> {
-        Ok(WorkState::parse(&s))
+impl From<String> for WorkState {
+    fn from(s: String) -> Self {
+        WorkState::parse(&s)
     }
 }
 

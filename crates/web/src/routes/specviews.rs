@@ -76,9 +76,9 @@ pub async fn create(
     }
     let specview_id = Uuid::new_v4();
     let mut tx = state.pool.begin().await?;
-    let reservation = state
+    let grant = state
         .quota
-        .reserve(&mut tx, user.user_id, Service::Specview, Utc::now())
+        .check(&mut tx, user.user_id, Service::Specview, Utc::now())
         .await
         .map_err(quota_problem)?;
     let args = SpecviewArgs {
@@ -87,12 +87,12 @@ pub async fn create(
         analysis_id: body.analysis_id,
     };
     let job = crate::with_trace(NewJob::new(
-        select_queue(Service::Specview, reservation.tier, false),
+        select_queue(Service::Specview, grant.tier, false),
         &args,
     )?);
     let inserted = state.queue.insert_tx(&mut tx, job).await?;
-    reservation
-        .attach_job(&mut tx, inserted.job.id)
+    grant
+        .reserve(&mut tx, Some(inserted.job.id))
         .await
         .map_err(quota_problem)?;
     sqlx::query("INSERT INTO specviews (id, user_id, analysis_id, job_id) VALUES ($1, $2, $3, $4)")
