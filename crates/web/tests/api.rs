@@ -969,3 +969,42 @@ async fn admin_api_is_disabled_without_a_token() {
         .problem(403, "forbidden");
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_past_the_timeout_is_a_503_and_rolled_back() {
+    let db = TestDb::new().await;
+    let mut c = config(&db);
+    c.http_request_timeout = Duration::from_millis(500);
+    let s = TestServer::start(c).await;
+    let (user, key) = user_with_key(&db.pool, "pro").await;
+    // Hold the user's row: the request waits inside its transaction until the timeout.
+    let mut blocker = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM users WHERE id = $1 FOR UPDATE")
+        .bind(user)
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let r = s
+        .http
+        .post_json("/v1/analyses", &key, &analysis_body(1))
+        .await;
+    let body = r.problem(503, "timeout");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("nothing was changed")
+    );
+    blocker.rollback().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(written_rows(&db.pool).await, [0, 0, 0, 0, 0]);
+    // The server is fine afterwards.
+    assert_eq!(
+        s.http
+            .post_json("/v1/analyses", &key, &analysis_body(1))
+            .await
+            .status,
+        202
+    );
+    s.stop().await;
+}

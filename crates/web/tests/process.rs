@@ -90,9 +90,16 @@ async fn sigterm_finishes_the_request_in_flight_and_exits_zero() {
 }
 
 #[tokio::test]
-async fn the_request_trace_continues_into_the_job() {
+async fn the_request_trace_continues_into_the_job_and_metrics_are_exported() {
     let db = TestDb::new().await;
-    let (_child, http) = spawn_web(&db, &[("RUST_LOG", "info".to_owned())]).await;
+    let (_child, http) = spawn_web(
+        &db,
+        &[
+            ("RUST_LOG", "info".to_owned()),
+            ("QUOTA_ANALYSIS_FREE_LIMIT", "1".to_owned()),
+        ],
+    )
+    .await;
     let (_, key) = user_with_key(&db.pool, "free").await;
     let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
     let traceparent = format!("00-{trace_id}-00f067aa0ba902b7-01");
