@@ -161,7 +161,7 @@ impl Git {
         cwd: &Path,
         args: &[&str],
         watch: Option<&DiskWatch>,
-        sink: &mut dyn FnMut(&[u8]) -> Result<(), FetchError>,
+        sink: &mut (dyn FnMut(&[u8]) -> Result<(), FetchError> + Send),
     ) -> Result<GitOutput, FetchError> {
         let mut child = self
             .command(cwd, args)
@@ -207,7 +207,7 @@ impl Git {
         child: &mut tokio::process::Child,
         mut stdout: Option<tokio::process::ChildStdout>,
         watch: Option<&DiskWatch>,
-        sink: &mut dyn FnMut(&[u8]) -> Result<(), FetchError>,
+        sink: &mut (dyn FnMut(&[u8]) -> Result<(), FetchError> + Send),
     ) -> Result<ExitStatus, FetchError> {
         let mut buf = vec![0u8; 64 * 1024];
         let mut status: Option<ExitStatus> = None;

@@ -1,0 +1,47 @@
+//! Errors of the quota library.
+
+use chrono::{DateTime, Utc};
+use common::{Service, Tier};
+use uuid::Uuid;
+
+use crate::period::BillingPeriod;
+
+/// A request that does not fit into the user's remaining quota, with the numbers behind it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuotaExceeded {
+    pub user_id: Uuid,
+    pub tier: Tier,
+    pub event_type: Service,
+    /// Units billed in the period.
+    pub used: i64,
+    /// Units held by live reservations.
+    pub reserved: i64,
+    /// Units the request needed.
+    pub requested: i64,
+    pub limit: i64,
+    pub period: BillingPeriod,
+}
+
+impl QuotaExceeded {
+    /// When the period ends (the earliest time the request can fit without a release).
+    pub fn period_end(&self) -> DateTime<Utc> {
+        self.period.end
+    }
+}
+
+/// Anything the quota API can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum QuotaError {
+    #[error(
+        "{event_type} quota exceeded: {used} used + {reserved} reserved + {requested} requested > limit {limit} (period ends {period_end})",
+        event_type = .0.event_type, used = .0.used, reserved = .0.reserved,
+        requested = .0.requested, limit = .0.limit, period_end = .0.period.end
+    )]
+    Exceeded(Box<QuotaExceeded>),
+    #[error("user {0} does not exist")]
+    UnknownUser(Uuid),
+    #[error("reservation {0} does not exist (released or cleaned up)")]
+    UnknownReservation(Uuid),
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}

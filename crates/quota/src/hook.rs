@@ -1,0 +1,100 @@
+//! [`QuotaHook`]: ends reservations in the same transaction as their job's final state.
+
+use async_trait::async_trait;
+use queue::{BoxError, JobId, JobState, Transition, TransitionHook};
+use sqlx::PgConnection;
+
+/// A [`TransitionHook`] that bills completed jobs and releases the reservations of failed and
+/// cancelled ones, atomically with the state change:
+///
+/// - `completed`: one usage event (amount = the reservation's `reserved_amount`, `job_id` unique,
+///   so a job can never be billed twice) and the reservation is deleted;
+/// - `cancelled` / `discarded`: the reservation is deleted, nothing is billed;
+/// - anything else (retry, snooze, rescue): the reservation stays.
+///
+/// Idempotent: a job without a reservation (a system job, or one already ended) changes nothing.
+/// Register it on every [`queue::Client`] that finishes or cancels user jobs:
+/// `Client::new(pool).with_hooks(vec![Arc::new(QuotaHook::new())])`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct QuotaHook {
+    _private: (),
+}
+
+impl QuotaHook {
+    pub fn new() -> Self {
+        QuotaHook { _private: () }
+    }
+}
+
+/// What one call of the hook did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HookEffect {
+    /// Reservations removed (billed or not).
+    pub released: u64,
+    /// Usage events written.
+    pub billed: u64,
+}
+
+/// The hook's work as a function, for callers that finish jobs by hand.
+pub async fn end_reservations(
+    conn: &mut PgConnection,
+    transitions: &[Transition],
+) -> Result<HookEffect, sqlx::Error> {
+    let mut ended: Vec<JobId> = Vec::new();
+    let mut completed: Vec<JobId> = Vec::new();
+    for t in transitions {
+        match t.state {
+            JobState::Completed => {
+                ended.push(t.job_id);
+                completed.push(t.job_id);
+            }
+            JobState::Cancelled | JobState::Discarded => ended.push(t.job_id),
+            JobState::Available | JobState::Scheduled | JobState::Running | JobState::Retryable => {
+            }
+        }
+    }
+    if ended.is_empty() {
+        return Ok(HookEffect::default());
+    }
+    let (released, billed): (i64, i64) = sqlx::query_as(
+        "WITH ended AS ( \
+           DELETE FROM quota_reservations WHERE job_id = ANY($1) \
+           RETURNING user_id, event_type, reserved_amount, job_id \
+         ), billed AS ( \
+           INSERT INTO usage_events (user_id, event_type, amount, job_id) \
+           SELECT user_id, event_type, reserved_amount, job_id FROM ended \
+           WHERE job_id = ANY($2) \
+           ON CONFLICT (job_id) DO NOTHING \
+           RETURNING 1 \
+         ) \
+         SELECT (SELECT count(*) FROM ended), (SELECT count(*) FROM billed)",
+    )
+    .bind(&ended)
+    .bind(&completed)
+    .fetch_one(&mut *conn)
+    .await?;
+    let effect = HookEffect {
+        released: u64::try_from(released).unwrap_or(0),
+        billed: u64::try_from(billed).unwrap_or(0),
+    };
+    if effect.released > 0 {
+        tracing::debug!(
+            released = effect.released,
+            billed = effect.billed,
+            "quota reservations ended"
+        );
+    }
+    Ok(effect)
+}
+
+#[async_trait]
+impl TransitionHook for QuotaHook {
+    async fn on_transitions(
+        &self,
+        conn: &mut PgConnection,
+        transitions: &[Transition],
+    ) -> Result<(), BoxError> {
+        end_reservations(conn, transitions).await?;
+        Ok(())
+    }
+}

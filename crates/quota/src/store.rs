@@ -1,0 +1,420 @@
+//! Reservations and usage in PostgreSQL: [`Quota::reserve`] inside the caller's transaction,
+//! [`Reservation::attach_job`], [`release`], [`Quota::usage`], [`cleanup`] and
+//! [`active_reservations`].
+//!
+//! Why it cannot overspend (the race ADR-21's formula alone leaves open): `reserve` first takes
+//! the user's row lock (`SELECT … FOR NO KEY UPDATE`), so two reservations of the same user run
+//! one after the other; the sums are then read by a *new* statement, whose snapshot (READ
+//! COMMITTED) already contains whatever the previous lock holder committed. The reservation
+//! insert and the job insert commit together with the caller's transaction, and the lock is held
+//! until then.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use common::{Service, Tier};
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::Counter;
+use queue::JobId;
+use serde::Serialize;
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+use crate::config::{InvalidQuotaConfig, QuotaConfig};
+use crate::decision::{Decision, Standing};
+use crate::error::{QuotaError, QuotaExceeded};
+use crate::period::BillingPeriod;
+
+/// The SQL condition for a live reservation `r`: linked to a job that is not final, or not yet
+/// linked and younger than its TTL. A reservation of a finished or deleted job no longer counts,
+/// even before cleanup removes it.
+pub(crate) const LIVE_RESERVATION: &str = "((r.job_id IS NULL AND r.expires_at > now()) \
+     OR EXISTS (SELECT 1 FROM fairlane_job j WHERE j.id = r.job_id \
+                AND j.state NOT IN ('completed', 'cancelled', 'discarded')))";
+
+/// The quota service: configuration plus metrics. Cheap to clone.
+#[derive(Clone)]
+pub struct Quota {
+    config: Arc<QuotaConfig>,
+    rejections: Counter<u64>,
+}
+
+impl std::fmt::Debug for Quota {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Quota")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Units held for one request until its job ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    pub id: Uuid,
+    pub user_id: Uuid,
+    /// The user's tier as read (and locked) from `users`; unknown names resolve to Free.
+    pub tier: Tier,
+    pub event_type: Service,
+    pub amount: i64,
+    pub expires_at: DateTime<Utc>,
+    pub period: BillingPeriod,
+    /// The standing before this reservation.
+    pub before: Standing,
+}
+
+/// A passed quota check, valid inside the transaction that made it (which holds the user's
+/// lock). Turn it into a [`Reservation`] with [`Grant::reserve`] before committing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a grant reserves nothing until `reserve` is called"]
+pub struct Grant {
+    pub user_id: Uuid,
+    /// The user's tier as read (and locked) from `users`; unknown names resolve to Free.
+    pub tier: Tier,
+    pub event_type: Service,
+    /// Units the request costs.
+    pub amount: i64,
+    pub period: BillingPeriod,
+    /// The standing before this request.
+    pub before: Standing,
+    ttl: Duration,
+}
+
+impl Grant {
+    /// Inserts the reservation, linked to `job_id` if the job is already inserted (in the same
+    /// transaction), else unlinked until [`Reservation::attach_job`].
+    pub async fn reserve(
+        self,
+        conn: &mut PgConnection,
+        job_id: Option<JobId>,
+    ) -> Result<Reservation, QuotaError> {
+        let (id, expires_at): (Uuid, DateTime<Utc>) = sqlx::query_as(
+            "INSERT INTO quota_reservations (user_id, event_type, reserved_amount, job_id, expires_at) \
+             VALUES ($1, $2::fairlane_usage_event_type, $3, $4, now() + make_interval(secs => $5)) \
+             RETURNING id, expires_at",
+        )
+        .bind(self.user_id)
+        .bind(self.event_type.as_str())
+        .bind(i32::try_from(self.amount).unwrap_or(i32::MAX))
+        .bind(job_id)
+        .bind(self.ttl.as_secs_f64())
+        .fetch_one(&mut *conn)
+        .await?;
+        tracing::debug!(user_id = %self.user_id, reservation_id = %id, event_type = self.event_type.as_str(), amount = self.amount, job_id, "quota reserved");
+        Ok(Reservation {
+            id,
+            user_id: self.user_id,
+            tier: self.tier,
+            event_type: self.event_type,
+            amount: self.amount,
+            expires_at,
+            period: self.period,
+            before: self.before,
+        })
+    }
+}
+
+/// One event type's usage in the current period.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EventUsage {
+    pub event_type: Service,
+    pub used: i64,
+    pub reserved: i64,
+    pub limit: i64,
+    pub period_start: DateTime<Utc>,
+    pub period_end: DateTime<Utc>,
+}
+
+/// A user's usage of every event type.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct UserUsage {
+    pub user_id: Uuid,
+    pub tier: Tier,
+    pub events: Vec<EventUsage>,
+}
+
+/// What [`cleanup`] removed. Every count is an orphan: in a healthy system (every process that
+/// finishes jobs runs [`crate::QuotaHook`]) all three stay zero.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct CleanupReport {
+    /// Reservations whose job is final (finished by a process without the hook).
+    pub final_job: u64,
+    /// Reservations whose job no longer exists.
+    pub missing_job: u64,
+    /// Reservations that never got a job and are older than the TTL.
+    pub expired_without_job: u64,
+}
+
+impl CleanupReport {
+    pub fn total(&self) -> u64 {
+        self.final_job + self.missing_job + self.expired_without_job
+    }
+}
+
+impl Quota {
+    /// Validates `config`; instruments come from `opentelemetry::global::meter("fairlane")`, so
+    /// build this after telemetry is initialised.
+    pub fn new(config: QuotaConfig) -> Result<Quota, InvalidQuotaConfig> {
+        config.validate()?;
+        let rejections = opentelemetry::global::meter("fairlane")
+            .u64_counter("fairlane.quota.rejections")
+            .with_description("Requests refused because the user's quota was exhausted")
+            .build();
+        Ok(Quota {
+            config: Arc::new(config),
+            rejections,
+        })
+    }
+
+    pub fn config(&self) -> &QuotaConfig {
+        &self.config
+    }
+
+    /// The billing period containing `now`.
+    pub fn period(&self, now: DateTime<Utc>) -> BillingPeriod {
+        self.config.quota_billing_period.period_containing(now)
+    }
+
+    /// Checks `used + reserved + cost <= limit` for one request of `event_type` and, if it fits,
+    /// returns a [`Grant`] to turn into a reservation. Must run inside the caller's transaction
+    /// (`&mut *tx`): it locks the user's row until that transaction ends, which serializes
+    /// concurrent checks of the same user, so the decision stays true until the reservation the
+    /// caller inserts next is committed. The grant carries the user's tier (read under the same
+    /// lock) for choosing the job's queue.
+    pub async fn check(
+        &self,
+        conn: &mut PgConnection,
+        user_id: Uuid,
+        event_type: Service,
+        now: DateTime<Utc>,
+    ) -> Result<Grant, QuotaError> {
+        let tier = lock_user(conn, user_id).await?;
+        let period = self.period(now);
+        let limit = self.config.limit(event_type, tier);
+        let requested = self.config.cost(event_type);
+        let before = standing(conn, user_id, event_type, period, limit).await?;
+        match before.decide(requested) {
+            Decision::Allow { .. } => Ok(Grant {
+                user_id,
+                tier,
+                event_type,
+                amount: requested,
+                period,
+                before,
+                ttl: self.config.quota_reservation_ttl,
+            }),
+            Decision::Deny { .. } => {
+                self.rejections.add(
+                    1,
+                    &[
+                        KeyValue::new("event_type", event_type.as_str()),
+                        KeyValue::new("tier", tier.as_str()),
+                    ],
+                );
+                tracing::info!(%user_id, event_type = event_type.as_str(), tier = tier.as_str(),
+                    used = before.used, reserved = before.reserved, limit, "quota exceeded");
+                Err(QuotaError::Exceeded(Box::new(QuotaExceeded {
+                    user_id,
+                    tier,
+                    event_type,
+                    used: before.used,
+                    reserved: before.reserved,
+                    requested,
+                    limit,
+                    period,
+                })))
+            }
+        }
+    }
+
+    /// [`Quota::check`] and [`Grant::reserve`] without a job: the reservation is inserted now and
+    /// linked later with [`Reservation::attach_job`] (the ADR-21 order: reserve, insert the job,
+    /// link). Prefer `check` + `reserve(conn, Some(job_id))`, one statement fewer.
+    pub async fn reserve(
+        &self,
+        conn: &mut PgConnection,
+        user_id: Uuid,
+        event_type: Service,
+        now: DateTime<Utc>,
+    ) -> Result<Reservation, QuotaError> {
+        let grant = self.check(conn, user_id, event_type, now).await?;
+        grant.reserve(conn, None).await
+    }
+
+    /// The user's usage of every event type in the period containing `now`.
+    pub async fn usage(
+        &self,
+        conn: &mut PgConnection,
+        user_id: Uuid,
+        now: DateTime<Utc>,
+    ) -> Result<UserUsage, QuotaError> {
+        let tier: Option<(String,)> = sqlx::query_as("SELECT tier::text FROM users WHERE id = $1")
+            .bind(user_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+        let Some((tier,)) = tier else {
+            return Err(QuotaError::UnknownUser(user_id));
+        };
+        let tier = Tier::resolve(Some(&tier));
+        let period = self.period(now);
+        let mut events = Vec::with_capacity(Service::ALL.len());
+        for event_type in Service::ALL {
+            let limit = self.config.limit(event_type, tier);
+            let s = standing(conn, user_id, event_type, period, limit).await?;
+            events.push(EventUsage {
+                event_type,
+                used: s.used,
+                reserved: s.reserved,
+                limit,
+                period_start: period.start,
+                period_end: period.end,
+            });
+        }
+        Ok(UserUsage {
+            user_id,
+            tier,
+            events,
+        })
+    }
+}
+
+impl Reservation {
+    /// Links the reservation to the job it pays for, in the same transaction as the job insert.
+    /// From then on it lives exactly as long as the job is not final.
+    pub async fn attach_job(
+        &self,
+        conn: &mut PgConnection,
+        job_id: JobId,
+    ) -> Result<(), QuotaError> {
+        let updated = sqlx::query("UPDATE quota_reservations SET job_id = $2 WHERE id = $1")
+            .bind(self.id)
+            .bind(job_id)
+            .execute(&mut *conn)
+            .await?
+            .rows_affected();
+        if updated == 0 {
+            return Err(QuotaError::UnknownReservation(self.id));
+        }
+        Ok(())
+    }
+}
+
+/// Locks the user's row against other reservations (not against foreign-key checks: `NO KEY`)
+/// and returns the tier, resolved leniently.
+async fn lock_user(conn: &mut PgConnection, user_id: Uuid) -> Result<Tier, QuotaError> {
+    let row: Option<(String,)> =
+        sqlx::query_as("SELECT tier::text FROM users WHERE id = $1 FOR NO KEY UPDATE")
+            .bind(user_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+    match row {
+        Some((tier,)) => Ok(Tier::resolve(Some(&tier))),
+        None => Err(QuotaError::UnknownUser(user_id)),
+    }
+}
+
+/// Used and reserved units, read in one statement (one snapshot: a completion that moves units
+/// from reserved to used is seen entirely or not at all).
+async fn standing(
+    conn: &mut PgConnection,
+    user_id: Uuid,
+    event_type: Service,
+    period: BillingPeriod,
+    limit: i64,
+) -> Result<Standing, QuotaError> {
+    let sql = format!(
+        "SELECT \
+           (SELECT COALESCE(SUM(amount), 0)::int8 FROM usage_events \
+             WHERE user_id = $1 AND event_type = $2::fairlane_usage_event_type \
+               AND occurred_at >= $3 AND occurred_at < $4), \
+           (SELECT COALESCE(SUM(r.reserved_amount), 0)::int8 FROM quota_reservations r \
+             WHERE r.user_id = $1 AND r.event_type = $2::fairlane_usage_event_type \
+               AND {LIVE_RESERVATION})"
+    );
+    let (used, reserved): (i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(user_id)
+        .bind(event_type.as_str())
+        .bind(period.start)
+        .bind(period.end)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(Standing {
+        used,
+        reserved,
+        limit,
+    })
+}
+
+/// Removes the reservation of `job_id` without billing (an explicit cancel outside the queue's
+/// own cancel path). Returns whether one existed.
+pub async fn release(conn: &mut PgConnection, job_id: JobId) -> Result<bool, QuotaError> {
+    let deleted = sqlx::query("DELETE FROM quota_reservations WHERE job_id = $1")
+        .bind(job_id)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+    Ok(deleted > 0)
+}
+
+/// The scheduler's safety net: deletes reservations whose job is final or gone, and reservations
+/// that never got a job and are older than `ttl`. Never touches the reservation of a live job,
+/// however old. Orphans are logged; in a healthy system there are none.
+pub async fn cleanup(pool: &PgPool, ttl: Duration) -> Result<CleanupReport, QuotaError> {
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "WITH doomed AS ( \
+           SELECT r.id, CASE WHEN r.job_id IS NULL THEN 'expired' \
+                             WHEN j.id IS NULL THEN 'missing' ELSE 'final' END AS why \
+           FROM quota_reservations r LEFT JOIN fairlane_job j ON j.id = r.job_id \
+           WHERE (r.job_id IS NULL AND r.created_at < now() - make_interval(secs => $1)) \
+              OR (r.job_id IS NOT NULL \
+                  AND (j.id IS NULL OR j.state IN ('completed', 'cancelled', 'discarded'))) \
+           FOR UPDATE OF r SKIP LOCKED \
+         ), deleted AS ( \
+           DELETE FROM quota_reservations r USING doomed d WHERE r.id = d.id RETURNING d.why \
+         ) \
+         SELECT why, count(*) FROM deleted GROUP BY why",
+    )
+    .bind(ttl.as_secs_f64())
+    .fetch_all(pool)
+    .await?;
+    let mut report = CleanupReport::default();
+    for (why, n) in rows {
+        let n = u64::try_from(n).unwrap_or(0);
+        match why.as_str() {
+            "final" => report.final_job = n,
+            "missing" => report.missing_job = n,
+            _ => report.expired_without_job = n,
+        }
+    }
+    if report.total() > 0 {
+        tracing::warn!(
+            final_job = report.final_job,
+            missing_job = report.missing_job,
+            expired_without_job = report.expired_without_job,
+            "removed orphaned quota reservations"
+        );
+    }
+    Ok(report)
+}
+
+/// Live reservations per event type (every type present, zeros included), for the
+/// `fairlane.quota.reservations.active` gauge the scheduler exports.
+pub async fn active_reservations(
+    conn: &mut PgConnection,
+) -> Result<BTreeMap<Service, i64>, QuotaError> {
+    let sql = format!(
+        "SELECT r.event_type::text, count(*) FROM quota_reservations r \
+         WHERE {LIVE_RESERVATION} GROUP BY 1"
+    );
+    let rows: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .fetch_all(&mut *conn)
+        .await?;
+    let mut counts: BTreeMap<Service, i64> = Service::ALL.iter().map(|s| (*s, 0)).collect();
+    for (name, n) in rows {
+        if let Ok(service) = name.parse::<Service>() {
+            counts.insert(service, n);
+        }
+    }
+    Ok(counts)
+}

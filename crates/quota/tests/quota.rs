@@ -1,0 +1,522 @@
+//! Quota against real PostgreSQL: the reservation race under real concurrency, billing exactly
+//! once through the real queue, release on cancel, usage, cleanup and the reservations gauge.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use common::{AnalysisArgs, Service, Tier, select_queue};
+use queue::{CancelResult, Client, Engine, EngineConfig, JobState, NewJob, Transition, Workers};
+use quota::{Quota, QuotaConfig, QuotaError, QuotaHook};
+use sqlx::PgPool;
+use testkit::TestDb;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+async fn user(pool: &PgPool, tier: &str) -> Uuid {
+    let (id,): (Uuid,) = sqlx::query_as(
+        "INSERT INTO users (name, tier) VALUES ('t', $1::text::fairlane_tier) RETURNING id",
+    )
+    .bind(tier)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    id
+}
+
+async fn seed_usage(pool: &PgPool, user: Uuid, event: &str, amount: i32) {
+    sqlx::query(
+        "INSERT INTO usage_events (user_id, event_type, amount) \
+         VALUES ($1, $2::text::fairlane_usage_event_type, $3)",
+    )
+    .bind(user)
+    .bind(event)
+    .bind(amount)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+async fn count(pool: &PgPool, sql: &'static str) -> i64 {
+    let (n,): (i64,) = sqlx::query_as(sql).fetch_one(pool).await.unwrap();
+    n
+}
+
+fn quota() -> Quota {
+    Quota::new(QuotaConfig::default()).unwrap()
+}
+
+/// Reserve + job insert + link in one transaction, the way the web service does it.
+async fn reserve_and_enqueue(
+    pool: &PgPool,
+    client: &Client,
+    quota: &Quota,
+    user: Uuid,
+) -> Result<i64, QuotaError> {
+    enqueue(pool, client, quota, user, false).await
+}
+
+/// Check, insert the job, reserve with its id (`link_later`: ADR-21's order instead — reserve,
+/// insert the job, attach).
+async fn enqueue(
+    pool: &PgPool,
+    client: &Client,
+    quota: &Quota,
+    user: Uuid,
+    link_later: bool,
+) -> Result<i64, QuotaError> {
+    let mut tx = pool.begin().await.unwrap();
+    if !link_later {
+        let grant = quota
+            .check(&mut tx, user, Service::Analysis, Utc::now())
+            .await?;
+        let args = AnalysisArgs {
+            user_id: Some(user),
+            analysis_id: Uuid::new_v4(),
+            repository: "https://example.com/r.git".into(),
+            git_ref: None,
+        };
+        let job = NewJob::new(select_queue(Service::Analysis, grant.tier, false), &args).unwrap();
+        let inserted = client.insert_tx(&mut tx, job).await.unwrap();
+        let reservation = grant.reserve(&mut tx, Some(inserted.job.id)).await?;
+        assert_eq!(reservation.amount, 1);
+        tx.commit().await.unwrap();
+        return Ok(inserted.job.id);
+    }
+    let reservation = quota
+        .reserve(&mut tx, user, Service::Analysis, Utc::now())
+        .await?;
+    let args = AnalysisArgs {
+        user_id: Some(user),
+        analysis_id: Uuid::new_v4(),
+        repository: "https://example.com/r.git".into(),
+        git_ref: None,
+    };
+    let job = NewJob::new(
+        select_queue(Service::Analysis, reservation.tier, false),
+        &args,
+    )
+    .unwrap();
+    let inserted = client.insert_tx(&mut tx, job).await.unwrap();
+    reservation.attach_job(&mut tx, inserted.job.id).await?;
+    tx.commit().await.unwrap();
+    Ok(inserted.job.id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_reservations_never_exceed_the_limit() {
+    let db = TestDb::new().await;
+    let pool = db.pool_with(40).await;
+    let client = Client::new(pool.clone());
+    let quota = quota();
+    let user = user(&pool, "enterprise").await;
+    for round in 0..10 {
+        sqlx::query("DELETE FROM usage_events")
+            .execute(&pool)
+            .await
+            .unwrap();
+        sqlx::query("DELETE FROM quota_reservations")
+            .execute(&pool)
+            .await
+            .unwrap();
+        sqlx::query("DELETE FROM fairlane_job")
+            .execute(&pool)
+            .await
+            .unwrap();
+        seed_usage(&pool, user, "analysis", 4998).await;
+        let mut tasks = Vec::new();
+        for i in 0..60 {
+            let (pool, client, quota) = (pool.clone(), client.clone(), quota.clone());
+            // Both ways of reserving, racing each other.
+            tasks.push(tokio::spawn(async move {
+                enqueue(&pool, &client, &quota, user, i % 2 == 1).await
+            }));
+        }
+        let mut ok = 0;
+        let mut exceeded = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(_) => ok += 1,
+                Err(QuotaError::Exceeded(e)) => {
+                    assert_eq!(e.limit, 5000);
+                    assert_eq!(e.used, 4998);
+                    assert_eq!(e.reserved, 2);
+                    assert_eq!(e.tier, Tier::Enterprise);
+                    exceeded += 1;
+                }
+                Err(e) => panic!("unexpected error {e}"),
+            }
+        }
+        assert_eq!((ok, exceeded), (2, 58), "round {round}");
+        assert_eq!(
+            count(
+                &pool,
+                "SELECT COALESCE(SUM(reserved_amount),0)::int8 FROM quota_reservations"
+            )
+            .await,
+            2
+        );
+        assert_eq!(count(&pool, "SELECT count(*) FROM fairlane_job").await, 2);
+        assert_eq!(
+            count(
+                &pool,
+                "SELECT count(*) FROM quota_reservations WHERE job_id IS NULL"
+            )
+            .await,
+            0
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_rolled_back_transaction_leaves_no_reservation() {
+    let db = TestDb::new().await;
+    let quota = quota();
+    let user = user(&db.pool, "free").await;
+    let mut tx = db.pool.begin().await.unwrap();
+    quota
+        .reserve(&mut tx, user, Service::Specview, Utc::now())
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM quota_reservations").await,
+        0
+    );
+    let usage = quota
+        .usage(&mut db.pool.acquire().await.unwrap(), user, Utc::now())
+        .await
+        .unwrap();
+    assert!(usage.events.iter().all(|e| e.reserved == 0 && e.used == 0));
+}
+
+#[tokio::test]
+async fn unknown_users_and_unknown_tiers() {
+    let db = TestDb::new().await;
+    let quota = quota();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let missing = Uuid::new_v4();
+    assert!(matches!(
+        quota.reserve(&mut conn, missing, Service::Analysis, Utc::now()).await,
+        Err(QuotaError::UnknownUser(id)) if id == missing
+    ));
+    // A tier value this build does not know (added by a later migration) is treated as Free.
+    sqlx::query("ALTER TYPE fairlane_tier ADD VALUE 'gold'")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let gold = user(&db.pool, "gold").await;
+    let usage = quota.usage(&mut conn, gold, Utc::now()).await.unwrap();
+    assert_eq!(usage.tier, Tier::Free);
+    assert_eq!(usage.events[0].limit, 50);
+    assert_eq!(usage.events[1].limit, 5);
+}
+
+#[tokio::test]
+async fn usage_reports_used_reserved_and_the_period() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let quota = quota();
+    let user = user(&db.pool, "pro").await;
+    seed_usage(&db.pool, user, "analysis", 7).await;
+    seed_usage(&db.pool, user, "specview", 2).await;
+    // Usage of an earlier month does not count.
+    sqlx::query(
+        "INSERT INTO usage_events (user_id, event_type, amount, occurred_at) \
+         VALUES ($1, 'analysis', 100, now() - interval '40 days')",
+    )
+    .bind(user)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    reserve_and_enqueue(&db.pool, &client, &quota, user)
+        .await
+        .unwrap();
+    let now = Utc::now();
+    let usage = quota
+        .usage(&mut db.pool.acquire().await.unwrap(), user, now)
+        .await
+        .unwrap();
+    assert_eq!(usage.tier, Tier::Pro);
+    let analysis = &usage.events[0];
+    assert_eq!(analysis.event_type, Service::Analysis);
+    assert_eq!(
+        (analysis.used, analysis.reserved, analysis.limit),
+        (7, 1, 1000)
+    );
+    assert!(analysis.period_start <= now && now < analysis.period_end);
+    let specview = &usage.events[1];
+    assert_eq!(
+        (specview.used, specview.reserved, specview.limit),
+        (2, 0, 100)
+    );
+}
+
+fn transition(job_id: i64, state: JobState) -> Transition {
+    Transition {
+        job_id,
+        queue: "analysis_default".into(),
+        kind: "analysis".into(),
+        user_id: None,
+        state,
+    }
+}
+
+#[tokio::test]
+async fn the_hook_bills_completed_jobs_once_and_releases_failed_ones() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let quota = quota();
+    let user = user(&db.pool, "pro").await;
+    let a = reserve_and_enqueue(&db.pool, &client, &quota, user)
+        .await
+        .unwrap();
+    let b = reserve_and_enqueue(&db.pool, &client, &quota, user)
+        .await
+        .unwrap();
+    let c = reserve_and_enqueue(&db.pool, &client, &quota, user)
+        .await
+        .unwrap();
+    let d = reserve_and_enqueue(&db.pool, &client, &quota, user)
+        .await
+        .unwrap();
+    let mut conn = db.pool.acquire().await.unwrap();
+    let batch = [
+        transition(a, JobState::Completed),
+        transition(b, JobState::Discarded),
+        transition(c, JobState::Cancelled),
+        transition(d, JobState::Retryable),
+    ];
+    let effect = quota::end_reservations(&mut conn, &batch).await.unwrap();
+    assert_eq!((effect.released, effect.billed), (3, 1));
+    // Replaying the same transitions changes nothing.
+    let again = quota::end_reservations(&mut conn, &batch).await.unwrap();
+    assert_eq!((again.released, again.billed), (0, 0));
+    let billed: Vec<(i64, i32)> =
+        sqlx::query_as("SELECT job_id, amount FROM usage_events WHERE job_id IS NOT NULL")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(billed, vec![(a, 1)]);
+    let left: Vec<(i64,)> = sqlx::query_as("SELECT job_id FROM quota_reservations")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, vec![(d,)], "the retryable job keeps its reservation");
+}
+
+#[tokio::test]
+async fn cancelling_a_waiting_job_through_the_queue_releases_its_reservation() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone()).with_hooks(vec![Arc::new(QuotaHook::new())]);
+    let quota = quota();
+    let user = user(&db.pool, "free").await;
+    let job = reserve_and_enqueue(&db.pool, &client, &quota, user)
+        .await
+        .unwrap();
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM quota_reservations").await,
+        1
+    );
+    let result = client.cancel(job).await.unwrap().unwrap();
+    assert!(matches!(result, CancelResult::Cancelled(_)));
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM quota_reservations").await,
+        0
+    );
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM usage_events").await,
+        0
+    );
+    // release() of an already released job is a no-op.
+    let mut conn = db.pool.acquire().await.unwrap();
+    assert!(!quota::release(&mut conn, job).await.unwrap());
+}
+
+#[tokio::test]
+async fn release_removes_the_reservation_without_billing() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let quota = quota();
+    let user = user(&db.pool, "free").await;
+    let job = reserve_and_enqueue(&db.pool, &client, &quota, user)
+        .await
+        .unwrap();
+    let mut conn = db.pool.acquire().await.unwrap();
+    assert!(quota::release(&mut conn, job).await.unwrap());
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM quota_reservations").await,
+        0
+    );
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM usage_events").await,
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_completed_by_a_real_engine_are_billed_exactly_once() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone()).with_hooks(vec![Arc::new(QuotaHook::new())]);
+    let quota = quota();
+    let user = user(&db.pool, "pro").await;
+    let mut jobs = Vec::new();
+    for _ in 0..20 {
+        jobs.push(
+            reserve_and_enqueue(&db.pool, &client, &quota, user)
+                .await
+                .unwrap(),
+        );
+    }
+    let mut workers = Workers::new();
+    // Every third job fails once before succeeding: retries keep the reservation.
+    workers.register_fn::<AnalysisArgs, _, _>(|ctx, _args| async move {
+        if ctx.id() % 3 == 0 && ctx.job().attempt == 1 {
+            return Err(queue::JobError::msg("first attempt fails"));
+        }
+        Ok(())
+    });
+    let config = EngineConfig {
+        poll_interval: Duration::from_millis(100),
+        promote_interval: Duration::from_millis(50),
+        retry: queue::RetryPolicy {
+            base: Duration::from_millis(10),
+            factor: 1.0,
+            max: Duration::from_millis(20),
+            jitter: 0.0,
+        },
+        ..EngineConfig::default()
+    };
+    let engine = Engine::builder(client.clone())
+        .config(config)
+        .queue(select_queue(Service::Analysis, Tier::Pro, false), 4)
+        .workers(workers)
+        .build()
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let handle = tokio::spawn(engine.run(shutdown.clone()));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let done = count(
+            &db.pool,
+            "SELECT count(*) FROM fairlane_job WHERE state = 'completed'",
+        )
+        .await;
+        if done == 20 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {done} of 20 completed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    shutdown.cancel();
+    handle.await.unwrap().unwrap();
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM quota_reservations").await,
+        0
+    );
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM usage_events").await,
+        20
+    );
+    assert_eq!(
+        count(&db.pool, "SELECT count(DISTINCT job_id) FROM usage_events").await,
+        20
+    );
+    let usage = quota
+        .usage(&mut db.pool.acquire().await.unwrap(), user, Utc::now())
+        .await
+        .unwrap();
+    assert_eq!((usage.events[0].used, usage.events[0].reserved), (20, 0));
+}
+
+#[tokio::test]
+async fn cleanup_removes_orphans_and_never_a_live_jobs_reservation() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let quota = quota();
+    let user = user(&db.pool, "enterprise").await;
+    let live_old = reserve_and_enqueue(&db.pool, &client, &quota, user)
+        .await
+        .unwrap();
+    let finished = reserve_and_enqueue(&db.pool, &client, &quota, user)
+        .await
+        .unwrap();
+    let deleted = reserve_and_enqueue(&db.pool, &client, &quota, user)
+        .await
+        .unwrap();
+    // A live job whose reservation is ancient and long past its TTL.
+    sqlx::query(
+        "UPDATE quota_reservations SET created_at = now() - interval '30 days', \
+         expires_at = now() - interval '29 days' WHERE job_id = $1",
+    )
+    .bind(live_old)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    // A job finished by a process without the hook, and one deleted by the queue cleaner.
+    sqlx::query("UPDATE fairlane_job SET state = 'completed', finalized_at = now() WHERE id = $1")
+        .bind(finished)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM fairlane_job WHERE id = $1")
+        .bind(deleted)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    // Two reservations that never got a job: one past the TTL, one fresh.
+    let mut tx = db.pool.begin().await.unwrap();
+    quota
+        .reserve(&mut tx, user, Service::Specview, Utc::now())
+        .await
+        .unwrap();
+    quota
+        .reserve(&mut tx, user, Service::Specview, Utc::now())
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    sqlx::query(
+        "UPDATE quota_reservations SET created_at = now() - interval '2 hours' \
+         WHERE id = (SELECT id FROM quota_reservations WHERE job_id IS NULL LIMIT 1)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+
+    let mut conn = db.pool.acquire().await.unwrap();
+    let active = quota::active_reservations(&mut conn).await.unwrap();
+    // Live: the old live job's and both unlinked specview ones (the TTL counts from expires_at,
+    // which the backdating above left in the future for one of them).
+    assert_eq!(active[&Service::Analysis], 1);
+    assert_eq!(active[&Service::Specview], 2);
+
+    let report = quota::cleanup(&db.pool, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert_eq!(report.final_job, 1);
+    assert_eq!(report.missing_job, 1);
+    assert_eq!(report.expired_without_job, 1);
+    assert_eq!(report.total(), 3);
+    let left: Vec<(Option<i64>,)> =
+        sqlx::query_as("SELECT job_id FROM quota_reservations ORDER BY job_id NULLS LAST")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(left, vec![(Some(live_old),), (None,)]);
+    // Nothing more to do on a second run.
+    assert_eq!(
+        quota::cleanup(&db.pool, Duration::from_secs(3600))
+            .await
+            .unwrap(),
+        quota::CleanupReport::default()
+    );
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM usage_events").await,
+        0
+    );
+}

@@ -1,0 +1,336 @@
+//! `cargo bench -p web --bench web`: the HTTP API under load, next to the machine's pgbench
+//! single-row INSERT rate measured in the same run. Prints a markdown table; every number comes
+//! from this run.
+//!
+//! - `POST /v1/analyses` (authenticated, a new commit per request so nothing is cached, quota
+//!   plenty): 32 concurrent clients over 100 users; requests/s, p50, p99.
+//! - `GET /v1/jobs/{id}` (authenticated, trivial): the same load without rate limiting and with
+//!   the Redis rate limiter (one rule per request), alternated twice.
+//!
+//! `BENCH_SECONDS` (default 10) sets each phase's length; Redis from `REDIS_URL`.
+
+#![allow(
+    clippy::print_stdout,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::print_stderr
+)]
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, Request};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use testkit::TestDb;
+use tokio_util::sync::CancellationToken;
+use web::WebConfig;
+
+const CLIENTS: usize = 32;
+const USERS: usize = 100;
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+fn client() -> HttpClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(CLIENTS * 2)
+        .build(connector)
+}
+
+struct Load {
+    requests: u64,
+    errors: u64,
+    seconds: f64,
+    latencies_us: Vec<u64>,
+}
+
+impl Load {
+    fn rps(&self) -> f64 {
+        self.requests as f64 / self.seconds
+    }
+    fn percentile(&self, p: f64) -> f64 {
+        let i = ((self.latencies_us.len() as f64 - 1.0) * p).round() as usize;
+        self.latencies_us.get(i).copied().unwrap_or(0) as f64 / 1000.0
+    }
+}
+
+/// Runs `CLIENTS` closed-loop clients for `seconds`; `make` builds request number `n` of client
+/// `c`; `expect` is the status every response must have.
+async fn load<F>(seconds: u64, expect: u16, make: F) -> Load
+where
+    F: Fn(usize, u64) -> Request<Full<Bytes>> + Send + Sync + 'static,
+{
+    let http = client();
+    let make = Arc::new(make);
+    let errors = Arc::new(AtomicU64::new(0));
+    let stop = Instant::now() + Duration::from_secs(seconds);
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..CLIENTS {
+        let (http, make, errors) = (http.clone(), Arc::clone(&make), Arc::clone(&errors));
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let mut n = 0u64;
+            while Instant::now() < stop {
+                let t = Instant::now();
+                let ok = match http.request(make(c, n)).await {
+                    Ok(resp) => {
+                        let status = resp.status().as_u16();
+                        let body = resp.into_body().collect().await;
+                        if status != expect && errors.fetch_add(1, Ordering::Relaxed) < 3 {
+                            eprintln!(
+                                "unexpected {status}: {:?}",
+                                body.map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
+                            );
+                        }
+                        status == expect
+                    }
+                    Err(e) => {
+                        eprintln!("request failed: {e}");
+                        false
+                    }
+                };
+                if !ok {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                }
+                latencies.push(t.elapsed().as_micros() as u64);
+                n += 1;
+            }
+            latencies
+        }));
+    }
+    let mut latencies_us = Vec::new();
+    for t in tasks {
+        latencies_us.extend(t.await.unwrap());
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    latencies_us.sort_unstable();
+    Load {
+        requests: latencies_us.len() as u64,
+        errors: errors.load(Ordering::Relaxed),
+        seconds,
+        latencies_us,
+    }
+}
+
+async fn server(config: WebConfig) -> (SocketAddr, CancellationToken) {
+    let server = web::Server::bind(&config).await.unwrap();
+    let addr = server.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    tokio::spawn(server.run(shutdown.clone()));
+    (addr, shutdown)
+}
+
+fn base_config(db: &TestDb) -> WebConfig {
+    let mut c = WebConfig {
+        database_url: db.url(),
+        database_max_connections: CLIENTS as u32,
+        http_addr: "127.0.0.1:0".into(),
+        ratelimit_enabled: false,
+        ..WebConfig::default()
+    };
+    c.quota.quota_analysis_enterprise_limit = u32::MAX;
+    c.telemetry.rust_log = "error".into();
+    c
+}
+
+fn row(case: &str, l: &Load) -> String {
+    format!(
+        "| {case} | {} | {:.0} | {:.2} ms | {:.2} ms | {} |",
+        l.requests,
+        l.rps(),
+        l.percentile(0.50),
+        l.percentile(0.99),
+        l.errors
+    )
+}
+
+#[tokio::main]
+async fn main() {
+    let seconds: u64 = std::env::var("BENCH_SECONDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    println!("| case | requests | requests/s | p50 | p99 | errors |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    let pgbench = pgbench_insert_rate().await;
+
+    let db = TestDb::new().await;
+    let mut keys = Vec::new();
+    for _ in 0..USERS {
+        let user = web::admin::create_user(&db.pool, "bench", common::Tier::Enterprise)
+            .await
+            .unwrap();
+        keys.push(web::admin::issue_key(&db.pool, user.id).await.unwrap().key);
+    }
+    let keys = Arc::new(keys);
+
+    // POST /v1/analyses.
+    let (addr, stop) = server(base_config(&db)).await;
+    let counter = Arc::new(AtomicU64::new(0));
+    let post = {
+        let keys = Arc::clone(&keys);
+        let counter = Arc::clone(&counter);
+        load(seconds, 202, move |c, n| {
+            let commit = counter.fetch_add(1, Ordering::Relaxed);
+            let key = &keys[(c * 7919 + n as usize) % USERS];
+            let body = format!(
+                "{{\"repository\":\"https://github.com/fairlane-bench/repo.git\",\"ref\":\"{commit:040x}\"}}"
+            );
+            Request::builder()
+                .method(Method::POST)
+                .uri(format!("http://{addr}/v1/analyses"))
+                .header("authorization", format!("Bearer {key}"))
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(body)))
+                .unwrap()
+        })
+        .await
+    };
+    println!(
+        "{}",
+        row(
+            &format!("POST /v1/analyses, {CLIENTS} clients, {USERS} users"),
+            &post
+        )
+    );
+    stop.cancel();
+
+    // GET /v1/jobs/{id} without and with the Redis rate limiter.
+    let jobs: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT j.id, k.id FROM fairlane_job j JOIN api_keys k ON k.user_id::text = j.user_id \
+         ORDER BY j.id LIMIT 1000",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let key_by_id: std::collections::HashMap<String, String> = keys
+        .iter()
+        .map(|k| (web::keys::parse_id(k).unwrap().to_owned(), k.clone()))
+        .collect();
+    let targets: Arc<Vec<(i64, String)>> = Arc::new(
+        jobs.into_iter()
+            .map(|(job, key_id)| (job, key_by_id[&key_id].clone()))
+            .collect(),
+    );
+    let (plain, stop_plain) = server(base_config(&db)).await;
+    let rules =
+        std::env::temp_dir().join(format!("fairlane-bench-rules-{}.yaml", std::process::id()));
+    std::fs::write(
+        &rules,
+        format!(
+            "domain: bench{}\ndescriptors:\n  - key: user_id\n    rate_limit: {{unit: second, requests_per_unit: 1000000, algorithm: token_bucket}}\n",
+            std::process::id()
+        ),
+    )
+    .unwrap();
+    let mut limited_config = base_config(&db);
+    limited_config.ratelimit_enabled = true;
+    limited_config.ratelimit_rules = rules.display().to_string();
+    limited_config.redis_url = Some(testkit::redis_url());
+    let (limited, stop_limited) = server(limited_config).await;
+    let get = |addr: SocketAddr| {
+        let targets = Arc::clone(&targets);
+        move |c: usize, n: u64| {
+            let (job, key) = &targets[(c * 131 + n as usize) % targets.len()];
+            Request::builder()
+                .method(Method::GET)
+                .uri(format!("http://{addr}/v1/jobs/{job}"))
+                .header("authorization", format!("Bearer {key}"))
+                .body(Full::new(Bytes::new()))
+                .unwrap()
+        }
+    };
+    let half = (seconds / 2).max(1);
+    let mut without = Vec::new();
+    let mut with = Vec::new();
+    for _ in 0..2 {
+        without.push(load(half, 200, get(plain)).await);
+        with.push(load(half, 200, get(limited)).await);
+    }
+    for (name, runs) in [
+        ("without rate limiting", &without),
+        ("with the Redis rate limiter", &with),
+    ] {
+        for (i, l) in runs.iter().enumerate() {
+            println!(
+                "{}",
+                row(&format!("GET /v1/jobs/{{id}} {name} (run {})", i + 1), l)
+            );
+        }
+    }
+    let mean = |runs: &[Load]| runs.iter().map(Load::rps).sum::<f64>() / runs.len() as f64;
+    let ratio = mean(&with) / mean(&without);
+    stop_plain.cancel();
+    stop_limited.cancel();
+    let _ = std::fs::remove_file(&rules);
+
+    println!();
+    println!("| reference | value |");
+    println!("|---|---|");
+    println!("| pgbench single-row INSERT (8 clients, 10 s) | {pgbench} |");
+    if let Some(tps) = pgbench
+        .split_whitespace()
+        .next()
+        .and_then(|t| t.parse::<f64>().ok())
+    {
+        println!(
+            "| POST /v1/analyses ÷ pgbench | {:.2} (target ≥ 0.5) |",
+            post.rps() / tps
+        );
+    }
+    println!(
+        "| POST /v1/analyses p99 | {:.2} ms (target < 50 ms) |",
+        post.percentile(0.99)
+    );
+    println!(
+        "| GET with Redis limiter ÷ without | {:.2} (target ≥ 0.70) |",
+        ratio
+    );
+}
+
+/// Runs pgbench with a one-row INSERT script against a scratch table; returns "N rows/s".
+async fn pgbench_insert_rate() -> String {
+    let db = TestDb::new().await;
+    sqlx::query("CREATE TABLE pgbench_insert_target (id bigserial PRIMARY KEY, payload text)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let script =
+        std::env::temp_dir().join(format!("fairlane-web-pgbench-{}.sql", std::process::id()));
+    std::fs::write(
+        &script,
+        "INSERT INTO pgbench_insert_target (payload) VALUES ('x');\n",
+    )
+    .unwrap();
+    // sqlx adds its own `?…` parameters to URLs; libpq tools refuse them.
+    let url = db.url();
+    let url = url.split('?').next().unwrap_or(&url).to_owned();
+    let output = Command::new("pgbench")
+        .args(["-n", "-c", "8", "-j", "2", "-T", "10", "-f"])
+        .arg(&script)
+        .arg(url)
+        .output();
+    let _ = std::fs::remove_file(&script);
+    match output {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("tps = "))
+            .and_then(|rest| rest.split_whitespace().next())
+            .map(|tps| format!("{tps} rows/s"))
+            .unwrap_or_else(|| "pgbench printed no tps".into()),
+        Ok(out) => format!(
+            "pgbench failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+        Err(e) => format!("pgbench not available: {e}"),
+    }
+}

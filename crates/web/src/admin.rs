@@ -1,0 +1,141 @@
+//! Admin operations (users, tiers, API keys), shared by the admin HTTP endpoints and the
+//! `web admin …` subcommands.
+
+use chrono::{DateTime, Utc};
+use common::Tier;
+use serde::Serialize;
+use sqlx::PgPool;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use crate::keys;
+
+/// A subscription tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TierName {
+    Free,
+    Pro,
+    ProPlus,
+    Enterprise,
+}
+
+/// A user.
+#[derive(Debug, Clone, Serialize, ToSchema, sqlx::FromRow)]
+pub struct UserView {
+    pub id: Uuid,
+    pub name: String,
+    /// `free`, `pro`, `pro_plus` or `enterprise`.
+    pub tier: String,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// A newly issued API key. `key` is shown this once and never again.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct IssuedKeyView {
+    /// The key's public id (for revocation and logs).
+    pub key_id: String,
+    /// The secret key, for `Authorization: Bearer <key>`.
+    pub key: String,
+    pub user_id: Uuid,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A revoked API key.
+#[derive(Debug, Clone, Serialize, ToSchema, sqlx::FromRow)]
+pub struct RevokedKeyView {
+    pub key_id: String,
+    pub user_id: Uuid,
+    pub revoked_at: DateTime<Utc>,
+}
+
+/// Why an admin operation was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error(transparent)]
+    Randomness(#[from] keys::RandomnessError),
+}
+
+/// Strict tier parsing for admins: a typo is an error, not a silent Free.
+pub fn parse_tier(tier: &str) -> Result<Tier, AdminError> {
+    tier.parse::<Tier>()
+        .map_err(|e| AdminError::Invalid(format!("tier: {e}")))
+}
+
+fn check_name(name: &str) -> Result<&str, AdminError> {
+    let name = name.trim();
+    let len = name.chars().count();
+    if !(1..=200).contains(&len) {
+        return Err(AdminError::Invalid(format!(
+            "name: must be 1 to 200 characters after trimming, got {len}"
+        )));
+    }
+    Ok(name)
+}
+
+const USER_COLUMNS: &str = "id, name, tier::text AS tier, created_at, updated_at";
+
+pub async fn create_user(pool: &PgPool, name: &str, tier: Tier) -> Result<UserView, AdminError> {
+    let name = check_name(name)?;
+    let user = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO users (name, tier) VALUES ($1, $2::text::fairlane_tier) RETURNING {USER_COLUMNS}"
+    )))
+    .bind(name)
+    .bind(tier.as_str())
+    .fetch_one(pool)
+    .await?;
+    Ok(user)
+}
+
+pub async fn set_tier(pool: &PgPool, user_id: Uuid, tier: Tier) -> Result<UserView, AdminError> {
+    let user: Option<UserView> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "UPDATE users SET tier = $2::text::fairlane_tier, updated_at = now() WHERE id = $1 \
+         RETURNING {USER_COLUMNS}"
+    )))
+    .bind(user_id)
+    .bind(tier.as_str())
+    .fetch_optional(pool)
+    .await?;
+    user.ok_or_else(|| AdminError::NotFound(format!("no user `{user_id}`")))
+}
+
+pub async fn issue_key(pool: &PgPool, user_id: Uuid) -> Result<IssuedKeyView, AdminError> {
+    let issued = keys::generate()?;
+    let row: Option<(DateTime<Utc>,)> = sqlx::query_as(
+        "INSERT INTO api_keys (id, user_id, key_hash) \
+         SELECT $1, id, $3 FROM users WHERE id = $2 RETURNING created_at",
+    )
+    .bind(&issued.id)
+    .bind(user_id)
+    .bind(issued.hash.as_slice())
+    .fetch_optional(pool)
+    .await?;
+    let Some((created_at,)) = row else {
+        return Err(AdminError::NotFound(format!("no user `{user_id}`")));
+    };
+    Ok(IssuedKeyView {
+        key_id: issued.id,
+        key: issued.key,
+        user_id,
+        created_at,
+    })
+}
+
+/// Revokes a key (idempotent: revoking a revoked key reports the first revocation).
+pub async fn revoke_key(pool: &PgPool, key_id: &str) -> Result<RevokedKeyView, AdminError> {
+    let row: Option<RevokedKeyView> = sqlx::query_as(
+        "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, now()) WHERE id = $1 \
+         RETURNING id AS key_id, user_id, revoked_at",
+    )
+    .bind(key_id)
+    .fetch_optional(pool)
+    .await?;
+    row.ok_or_else(|| AdminError::NotFound(format!("no API key `{key_id}`")))
+}

@@ -1,0 +1,162 @@
+//! Who is calling: the `Authorization: Bearer <api key>` of user routes and the admin token.
+//!
+//! [`authenticate`] runs before rate limiting on every `/v1` route and records an [`Identity`]
+//! (so the limiter can describe the caller, and anonymous or bad-key traffic is limited per IP);
+//! handlers then demand an [`AuthUser`], which turns anything but a valid key into a 401.
+
+use axum::extract::{FromRequestParts, Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use common::Tier;
+use http::HeaderMap;
+use http::request::Parts;
+use uuid::Uuid;
+
+use crate::keys;
+use crate::problem::Problem;
+use crate::state::AppState;
+
+/// An authenticated user.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthUser {
+    pub user_id: Uuid,
+    /// Tier as stored (unknown names resolve to Free).
+    pub tier: Tier,
+    /// The public id of the key used.
+    pub key_id: String,
+}
+
+/// What [`authenticate`] found out about a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Identity {
+    User(AuthUser),
+    /// No `Authorization` header.
+    Anonymous,
+    /// Credentials were presented but are not valid; the reason is told to the client.
+    Invalid(&'static str),
+}
+
+/// The bearer token of `headers`: `None` without an `Authorization` header, `Err` when it is
+/// not `Bearer <token>`.
+pub fn bearer(headers: &HeaderMap) -> Option<Result<&str, &'static str>> {
+    let value = headers.get(http::header::AUTHORIZATION)?;
+    let Ok(text) = value.to_str() else {
+        return Some(Err("the Authorization header is not valid ASCII"));
+    };
+    let mut parts = text.trim().splitn(2, ' ');
+    let scheme = parts.next().unwrap_or_default();
+    let token = parts.next().unwrap_or_default().trim();
+    if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
+        return Some(Err("the Authorization header must be `Bearer <api key>`"));
+    }
+    Some(Ok(token))
+}
+
+async fn identify(state: &AppState, headers: &HeaderMap) -> Result<Identity, Problem> {
+    let token = match bearer(headers) {
+        None => return Ok(Identity::Anonymous),
+        Some(Err(reason)) => return Ok(Identity::Invalid(reason)),
+        Some(Ok(token)) => token,
+    };
+    let Some(key_id) = keys::parse_id(token) else {
+        return Ok(Identity::Invalid("the API key is malformed"));
+    };
+    let row: Option<(Uuid, Vec<u8>, bool, String)> = sqlx::query_as(
+        "SELECT k.user_id, k.key_hash, k.revoked_at IS NOT NULL, u.tier::text \
+         FROM api_keys k JOIN users u ON u.id = k.user_id WHERE k.id = $1",
+    )
+    .bind(key_id)
+    .fetch_optional(&state.pool)
+    .await?;
+    let Some((user_id, hash, revoked, tier)) = row else {
+        return Ok(Identity::Invalid("the API key is not known"));
+    };
+    if !keys::matches(token, &hash) {
+        return Ok(Identity::Invalid("the API key is not known"));
+    }
+    if revoked {
+        return Ok(Identity::Invalid("the API key has been revoked"));
+    }
+    Ok(Identity::User(AuthUser {
+        user_id,
+        tier: Tier::resolve(Some(&tier)),
+        key_id: key_id.to_owned(),
+    }))
+}
+
+/// Middleware: records the caller's [`Identity`] in the request extensions.
+pub async fn authenticate(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    match identify(&state, req.headers()).await {
+        Ok(identity) => {
+            req.extensions_mut().insert(identity);
+            next.run(req).await
+        }
+        Err(problem) => problem.into_response(),
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for AuthUser {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        match parts.extensions.get::<Identity>() {
+            Some(Identity::User(user)) => Ok(user.clone()),
+            Some(Identity::Invalid(reason)) => Err(Problem::unauthorized(*reason)),
+            Some(Identity::Anonymous) | None => Err(Problem::unauthorized(
+                "this endpoint needs an `Authorization: Bearer <api key>` header",
+            )),
+        }
+    }
+}
+
+/// The admin caller (`Authorization: Bearer <ADMIN_TOKEN>`, compared in constant time).
+#[derive(Debug, Clone, Copy)]
+pub struct Admin;
+
+impl FromRequestParts<AppState> for Admin {
+    type Rejection = Problem;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let Some(expected) = state.admin_token.as_deref() else {
+            return Err(Problem::forbidden(
+                "the admin API is disabled on this server (ADMIN_TOKEN is not set)",
+            ));
+        };
+        match bearer(&parts.headers) {
+            None => Err(Problem::unauthorized(
+                "admin endpoints need an `Authorization: Bearer <admin token>` header",
+            )),
+            Some(Err(reason)) => Err(Problem::unauthorized(reason)),
+            Some(Ok(token)) if keys::secrets_equal(token, expected) => Ok(Admin),
+            Some(Ok(_)) => Err(Problem::unauthorized("the admin token is wrong")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn headers(value: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            http::header::AUTHORIZATION,
+            HeaderValue::from_str(value).unwrap(),
+        );
+        h
+    }
+
+    #[test]
+    fn bearer_parsing() {
+        assert_eq!(bearer(&HeaderMap::new()), None);
+        assert_eq!(bearer(&headers("Bearer abc")), Some(Ok("abc")));
+        assert_eq!(bearer(&headers("bearer   abc ")), Some(Ok("abc")));
+        assert!(matches!(bearer(&headers("Basic abc")), Some(Err(_))));
+        assert!(matches!(bearer(&headers("Bearer")), Some(Err(_))));
+        assert!(matches!(bearer(&headers("Bearer ")), Some(Err(_))));
+    }
+}

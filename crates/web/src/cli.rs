@@ -1,0 +1,150 @@
+//! The `web` command line: `serve` (default), `migrate`, and `admin …` for users, tiers and keys.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::admin;
+use crate::config::WebConfig;
+
+/// Fairlane's HTTP API.
+#[derive(Debug, Parser)]
+#[command(name = "web", version, about = "Fairlane's public and admin HTTP API")]
+pub struct Cli {
+    /// A TOML file with settings (flat keys named after the environment variables, lower case);
+    /// the environment overrides it.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the API (the default).
+    Serve,
+    /// Apply pending database migrations and exit.
+    Migrate,
+    /// Manage users, tiers and API keys.
+    #[command(subcommand)]
+    Admin(AdminCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AdminCommand {
+    /// Create a user; prints it as JSON.
+    CreateUser {
+        #[arg(long)]
+        name: String,
+        /// free, pro, pro_plus or enterprise.
+        #[arg(long)]
+        tier: String,
+    },
+    /// Change a user's tier; prints the user as JSON.
+    SetTier {
+        #[arg(long)]
+        user: Uuid,
+        #[arg(long)]
+        tier: String,
+    },
+    /// Issue an API key; prints it (the only time it is shown) as JSON.
+    IssueKey {
+        #[arg(long)]
+        user: Uuid,
+    },
+    /// Revoke an API key by its public id.
+    RevokeKey {
+        #[arg(long = "key-id")]
+        key_id: String,
+    },
+}
+
+fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer_pretty(&mut out, value)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+/// Runs an admin command against the database (no logging on stdout: it carries the result).
+pub async fn run_admin(config: &WebConfig, command: AdminCommand) -> anyhow::Result<()> {
+    let pool = crate::pool(config)?;
+    let result = async {
+        match command {
+            AdminCommand::CreateUser { name, tier } => {
+                let tier = admin::parse_tier(&tier)?;
+                print_json(&admin::create_user(&pool, &name, tier).await?)
+            }
+            AdminCommand::SetTier { user, tier } => {
+                let tier = admin::parse_tier(&tier)?;
+                print_json(&admin::set_tier(&pool, user, tier).await?)
+            }
+            AdminCommand::IssueKey { user } => print_json(&admin::issue_key(&pool, user).await?),
+            AdminCommand::RevokeKey { key_id } => {
+                print_json(&admin::revoke_key(&pool, &key_id).await?)
+            }
+        }
+    }
+    .await;
+    pool.close().await;
+    result
+}
+
+/// Applies the migrations.
+pub async fn run_migrate(config: &WebConfig) -> anyhow::Result<()> {
+    let pool = crate::pool(config)?;
+    schema::migrate(&pool).await.context("migrating")?;
+    tracing::info!("migrations applied");
+    pool.close().await;
+    Ok(())
+}
+
+/// Cancels the returned token on SIGTERM or SIGINT.
+pub fn shutdown_on_signals() -> anyhow::Result<CancellationToken> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let token = CancellationToken::new();
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let cancel = token.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+        cancel.cancel();
+    });
+    Ok(token)
+}
+
+/// The whole program.
+pub async fn main(cli: Cli) -> anyhow::Result<()> {
+    let config = WebConfig::load(cli.config.as_deref()).context("loading configuration")?;
+    match cli.command.unwrap_or(Command::Serve) {
+        Command::Admin(command) => run_admin(&config, command).await,
+        Command::Migrate => {
+            let guard = telemetry::init(&config.telemetry)?;
+            let result = run_migrate(&config).await;
+            drop_guard(guard).await;
+            result
+        }
+        Command::Serve => {
+            let guard = telemetry::init(&config.telemetry)?;
+            let shutdown = shutdown_on_signals()?;
+            let result = crate::run(config, shutdown).await;
+            if let Err(e) = &result {
+                tracing::error!(error = format!("{e:#}"), "web failed");
+            }
+            drop_guard(guard).await;
+            result
+        }
+    }
+}
+
+async fn drop_guard(guard: telemetry::TelemetryGuard) {
+    // Flushing exporters blocks (boundedly); keep it off the async workers.
+    let _ = tokio::task::spawn_blocking(move || drop(guard)).await;
+}

@@ -1,0 +1,216 @@
+//! The web service's settings: flat fields named after their environment variables
+//! (`HTTP_ADDR` sets `http_addr`), with the quota and telemetry settings embedded, loaded by
+//! `common::config::load` (defaults < `--config` file < environment).
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// Everything `web` reads at start-up.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct WebConfig {
+    /// PostgreSQL URL.
+    #[serde(deserialize_with = "text")]
+    pub database_url: String,
+    /// Most pooled database connections.
+    pub database_max_connections: u32,
+    /// Address the HTTP server listens on.
+    #[serde(deserialize_with = "text")]
+    pub http_addr: String,
+    /// Bearer token of the admin API; unset disables it (every admin call is refused).
+    #[serde(deserialize_with = "optional_text")]
+    pub admin_token: Option<String>,
+    /// Redis for the shared rate limiter; unset uses an in-memory limiter per process.
+    #[serde(deserialize_with = "optional_text")]
+    pub redis_url: Option<String>,
+    /// Rate limit rules file (Envoy format, see docs/ratelimit.md).
+    #[serde(deserialize_with = "text")]
+    pub ratelimit_rules: String,
+    /// Turns rate limiting off altogether (benchmarks, local debugging).
+    pub ratelimit_enabled: bool,
+    /// Longest wait for Redis per decision before the in-memory fallback decides.
+    #[serde(with = "humantime_serde")]
+    pub ratelimit_deadline: Duration,
+    /// Accept `file://` repositories (tests and local development only).
+    pub analyzer_allow_file_urls: bool,
+    /// Longest time one request may take before it is answered with 503 and rolled back.
+    #[serde(with = "humantime_serde")]
+    pub http_request_timeout: Duration,
+    /// Largest request body accepted, in bytes.
+    pub http_body_limit: usize,
+    /// Cap on resolving a branch or tag to a commit (`git ls-remote`), DNS included.
+    #[serde(with = "humantime_serde")]
+    pub resolve_timeout: Duration,
+    /// `QUOTA_*` settings (loaded separately, see [`WebConfig::load`]).
+    #[serde(skip)]
+    pub quota: quota::QuotaConfig,
+    /// `RUST_LOG`, `LOG_FORMAT`, `OTEL_*` … (loaded separately).
+    #[serde(skip, default = "web_telemetry")]
+    pub telemetry: telemetry::TelemetryConfig,
+}
+
+fn web_telemetry() -> telemetry::TelemetryConfig {
+    telemetry::TelemetryConfig::for_service("fairlane-web", env!("CARGO_PKG_VERSION"))
+}
+
+/// The embedded sections, loaded from the same file and environment. Kept apart from the
+/// service's own fields because `flatten` loses the loader's string conversion: an all-digit
+/// `ADMIN_TOKEN` such as `0123` would arrive as the number 123.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+struct Embedded {
+    #[serde(flatten)]
+    quota: quota::QuotaConfig,
+    #[serde(flatten)]
+    telemetry: telemetry::TelemetryConfig,
+}
+
+impl Default for Embedded {
+    fn default() -> Self {
+        Embedded {
+            quota: quota::QuotaConfig::default(),
+            telemetry: web_telemetry(),
+        }
+    }
+}
+
+impl Default for WebConfig {
+    fn default() -> Self {
+        WebConfig {
+            database_url: "postgres://postgres@127.0.0.1:5432/fairlane".to_owned(),
+            database_max_connections: 20,
+            http_addr: "0.0.0.0:8080".to_owned(),
+            admin_token: None,
+            redis_url: None,
+            ratelimit_rules: "deploy/ratelimit/rules.yaml".to_owned(),
+            ratelimit_enabled: true,
+            ratelimit_deadline: Duration::from_millis(20),
+            analyzer_allow_file_urls: false,
+            http_request_timeout: Duration::from_secs(30),
+            http_body_limit: 16 * 1024,
+            resolve_timeout: Duration::from_secs(10),
+            quota: quota::QuotaConfig::default(),
+            telemetry: web_telemetry(),
+        }
+    }
+}
+
+impl WebConfig {
+    /// Loads defaults, then `file` (if given), then the environment.
+    pub fn load(file: Option<&Path>) -> Result<WebConfig, Box<common::config::ConfigError>> {
+        Self::load_from(file, std::env::vars().collect())
+    }
+
+    /// [`WebConfig::load`] with an explicit environment.
+    pub fn load_from(
+        file: Option<&Path>,
+        env: Vec<(String, String)>,
+    ) -> Result<WebConfig, Box<common::config::ConfigError>> {
+        let mut config: WebConfig =
+            common::config::load_from(file, env.clone()).map_err(Box::new)?;
+        let embedded: Embedded = common::config::load_from(file, env.clone()).map_err(Box::new)?;
+        config.quota = embedded.quota;
+        config.telemetry = embedded.telemetry;
+        // The loader parses numeric-looking environment values as numbers, which turns an
+        // ADMIN_TOKEN of `0123` into `123`: take the free-text variables verbatim.
+        for (name, value) in env {
+            if value.is_empty() {
+                continue;
+            }
+            match name.as_str() {
+                "DATABASE_URL" => config.database_url = value,
+                "HTTP_ADDR" => config.http_addr = value,
+                "ADMIN_TOKEN" => config.admin_token = Some(value),
+                "REDIS_URL" => config.redis_url = Some(value),
+                "RATELIMIT_RULES" => config.ratelimit_rules = value,
+                _ => {}
+            }
+        }
+        Ok(config)
+    }
+}
+
+/// A string the loader may hand over as a number or boolean (defence in depth; without
+/// `flatten` the loader converts back itself).
+fn text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Scalar {
+        S(String),
+        I(i64),
+        U(u64),
+        F(f64),
+        B(bool),
+    }
+    Ok(match Scalar::deserialize(d)? {
+        Scalar::S(s) => s,
+        Scalar::I(i) => i.to_string(),
+        Scalar::U(u) => u.to_string(),
+        Scalar::F(f) => f.to_string(),
+        Scalar::B(b) => b.to_string(),
+    })
+}
+
+fn optional_text<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    #[derive(Deserialize)]
+    struct Wrap(#[serde(deserialize_with = "text")] String);
+    Ok(Option::<Wrap>::deserialize(d)?
+        .map(|Wrap(s)| s)
+        .filter(|s| !s.is_empty()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults() {
+        let c = WebConfig::load_from(None, env(&[])).unwrap();
+        assert_eq!(c.http_addr, "0.0.0.0:8080");
+        assert_eq!(c.ratelimit_rules, "deploy/ratelimit/rules.yaml");
+        assert_eq!(c.admin_token, None);
+        assert_eq!(c.redis_url, None);
+        assert!(!c.analyzer_allow_file_urls);
+        assert_eq!(c.quota, quota::QuotaConfig::default());
+        assert_eq!(c.telemetry.otel_service_name, "fairlane-web");
+    }
+
+    #[test]
+    fn flat_environment_names_set_everything() {
+        let c = WebConfig::load_from(
+            None,
+            env(&[
+                ("DATABASE_URL", "postgres://db/x"),
+                ("HTTP_ADDR", "127.0.0.1:9000"),
+                ("ADMIN_TOKEN", "0123456789"),
+                ("REDIS_URL", "redis://127.0.0.1:6379"),
+                ("RATELIMIT_RULES", "/etc/rules.yaml"),
+                ("ANALYZER_ALLOW_FILE_URLS", "true"),
+                ("HTTP_REQUEST_TIMEOUT", "5s"),
+                ("QUOTA_ANALYSIS_ENTERPRISE_LIMIT", "7"),
+                ("QUOTA_RESERVATION_TTL", "2h"),
+                ("RUST_LOG", "debug"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.database_url, "postgres://db/x");
+        assert_eq!(c.http_addr, "127.0.0.1:9000");
+        assert_eq!(c.admin_token.as_deref(), Some("0123456789"));
+        assert_eq!(c.redis_url.as_deref(), Some("redis://127.0.0.1:6379"));
+        assert_eq!(c.ratelimit_rules, "/etc/rules.yaml");
+        assert!(c.analyzer_allow_file_urls);
+        assert_eq!(c.http_request_timeout, Duration::from_secs(5));
+        assert_eq!(c.quota.quota_analysis_enterprise_limit, 7);
+        assert_eq!(c.quota.quota_reservation_ttl, Duration::from_secs(7200));
+        assert_eq!(c.telemetry.rust_log, "debug");
+    }
+}

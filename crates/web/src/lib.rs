@@ -1,0 +1,267 @@
+//! Fairlane's HTTP API (SPEC §6): users enqueue analyses and specviews, follow their jobs and
+//! read their quota; admins manage users, tiers and API keys.
+//!
+//! [`run`] serves until the shutdown token fires, then stops accepting, finishes in-flight
+//! requests and returns. [`Server`] does the same in two steps, so tests and benchmarks can learn
+//! the bound address. The binary (`main.rs`) adds the CLI, telemetry and signal handling.
+
+pub mod admin;
+pub mod auth;
+pub mod cli;
+pub mod config;
+pub mod docs;
+pub mod extract;
+pub mod keys;
+pub mod middleware;
+pub mod openapi;
+pub mod problem;
+pub mod rate;
+pub mod routes;
+pub mod state;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::response::IntoResponse;
+use axum::routing::{get, patch, post};
+use http::{HeaderValue, StatusCode};
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use config::WebConfig;
+pub use problem::Problem;
+pub use state::AppState;
+
+/// Maps a quota error to its response: 429 `quota_exceeded` with the numbers and `Retry-After`
+/// to the end of the billing period.
+pub fn quota_problem(e: quota::QuotaError) -> Problem {
+    match e {
+        quota::QuotaError::Exceeded(x) => {
+            let retry = x.period.remaining(chrono::Utc::now()).as_secs().max(1);
+            Problem::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "quota_exceeded",
+                format!(
+                    "the {} quota of this billing period is used up: {} used + {} reserved of {}; it resets at {}",
+                    x.event_type,
+                    x.used,
+                    x.reserved,
+                    x.limit,
+                    x.period.end.to_rfc3339()
+                ),
+            )
+            .with("event_type", x.event_type.as_str())
+            .with("tier", x.tier.as_str())
+            .with("used", x.used)
+            .with("reserved", x.reserved)
+            .with("requested", x.requested)
+            .with("limit", x.limit)
+            .with("period_start", x.period.start.to_rfc3339())
+            .with("period_end", x.period.end.to_rfc3339())
+            .header(
+                http::header::RETRY_AFTER,
+                HeaderValue::from_str(&retry.to_string())
+                    .unwrap_or(HeaderValue::from_static("3600")),
+            )
+        }
+        quota::QuotaError::UnknownUser(_) => {
+            Problem::unauthorized("the API key's user no longer exists")
+        }
+        other => Problem::internal(&other),
+    }
+}
+
+/// Adds the current W3C trace context to a job's metadata (key `trace`), so the worker continues
+/// the request's trace.
+pub fn with_trace(job: queue::NewJob) -> queue::NewJob {
+    match telemetry::current_trace_context().and_then(|c| serde_json::to_value(c).ok()) {
+        Some(trace) => job.metadata(telemetry::JOB_METADATA_TRACE_KEY, trace),
+        None => job,
+    }
+}
+
+/// A database pool for `config` (connected lazily: the service starts while PostgreSQL is down,
+/// and `/readyz` says so).
+pub fn pool(config: &WebConfig) -> anyhow::Result<PgPool> {
+    let options: PgConnectOptions = config
+        .database_url
+        .parse()
+        .context("DATABASE_URL is not a PostgreSQL URL")?;
+    Ok(PgPoolOptions::new()
+        .max_connections(config.database_max_connections.max(1))
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_lazy_with(options))
+}
+
+/// Builds the shared state (rate limiter, quota, queue client with the quota hook).
+pub fn build_state(config: &WebConfig, pool: PgPool) -> anyhow::Result<AppState> {
+    let quota = quota::Quota::new(config.quota.clone()).context("quota configuration")?;
+    let limiter = if config.ratelimit_enabled {
+        Some(
+            ratelimit::Limiter::from_file(
+                &config.ratelimit_rules,
+                config.redis_url.as_deref(),
+                ratelimit::LimiterConfig {
+                    deadline: config.ratelimit_deadline,
+                    ..ratelimit::LimiterConfig::default()
+                },
+            )
+            .with_context(|| format!("rate limiter (rules {})", config.ratelimit_rules))?,
+        )
+    } else {
+        None
+    };
+    let queue =
+        queue::Client::new(pool.clone()).with_hooks(vec![Arc::new(quota::QuotaHook::new())]);
+    let mut url_policy = inventory::UrlPolicy::with_file_urls(config.analyzer_allow_file_urls);
+    url_policy.dns_timeout = config.resolve_timeout;
+    let resolve_limits = inventory::Limits {
+        resolve_time: config.resolve_timeout,
+        ..inventory::Limits::default()
+    };
+    let request_duration = opentelemetry::global::meter("fairlane")
+        .f64_histogram("http.server.request.duration")
+        .with_unit("s")
+        .with_description("Duration of HTTP requests by route template, method and status")
+        .build();
+    let openapi_json = openapi::document_json();
+    let doc: serde_json::Value = serde_json::from_str(&openapi_json)?;
+    Ok(AppState::new(state::Inner {
+        pool,
+        queue,
+        quota,
+        limiter,
+        url_policy,
+        resolve_limits,
+        admin_token: config.admin_token.clone(),
+        request_duration,
+        docs_html: docs::render(&doc),
+        openapi_json,
+    }))
+}
+
+async fn not_found() -> Problem {
+    Problem::not_found("no such route; see /docs")
+}
+
+async fn method_not_allowed() -> Problem {
+    Problem::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this route does not support the method; see /docs",
+    )
+}
+
+fn panic_response(_: Box<dyn std::any::Any + Send + 'static>) -> axum::response::Response {
+    Problem::internal(&"a request handler panicked").into_response()
+}
+
+/// The router with every route and layer.
+pub fn router(state: AppState, config: &WebConfig) -> Router {
+    use routes::{admin as a, analyses, jobs, specviews, system, usage};
+    // User routes: authenticate first (so the limiter knows the caller), then rate limit.
+    let user = Router::new()
+        .route("/v1/analyses", post(analyses::create))
+        .route("/v1/analyses/{id}", get(analyses::get))
+        .route("/v1/specviews", post(specviews::create))
+        .route("/v1/specviews/{id}", get(specviews::get))
+        .route("/v1/jobs/{id}", get(jobs::get).delete(jobs::cancel))
+        .route("/v1/usage", get(usage::get))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            rate::limit,
+        ))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::authenticate,
+        ));
+    let admin = Router::new()
+        .route("/admin/users", post(a::create_user))
+        .route("/admin/users/{id}", patch(a::update_user))
+        .route("/admin/users/{id}/keys", post(a::issue_key))
+        .route("/admin/keys/{key_id}", axum::routing::delete(a::revoke_key));
+    let system = Router::new()
+        .route("/healthz", get(system::healthz))
+        .route("/readyz", get(system::readyz))
+        .route("/metrics", get(system::metrics))
+        .route("/openapi.json", get(system::openapi))
+        .route("/docs", get(system::docs));
+    let timeout = config.http_request_timeout;
+    user.merge(admin)
+        .merge(system)
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(config.http_body_limit))
+        .layer(axum::middleware::from_fn(move |req, next| {
+            middleware::timeout(timeout, req, next)
+        }))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            middleware::observe,
+        ))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            panic_response,
+        ))
+        .with_state(state)
+}
+
+/// A bound, not yet serving, HTTP server.
+pub struct Server {
+    listener: TcpListener,
+    app: Router,
+    pool: PgPool,
+}
+
+impl Server {
+    /// Builds the state and binds `config.http_addr`.
+    pub async fn bind(config: &WebConfig) -> anyhow::Result<Server> {
+        let pool = pool(config)?;
+        Self::bind_with_pool(config, pool).await
+    }
+
+    /// [`Server::bind`] with an existing pool.
+    pub async fn bind_with_pool(config: &WebConfig, pool: PgPool) -> anyhow::Result<Server> {
+        let state = build_state(config, pool.clone())?;
+        let app = router(state, config);
+        let listener = TcpListener::bind(&config.http_addr)
+            .await
+            .with_context(|| format!("binding HTTP_ADDR {}", config.http_addr))?;
+        Ok(Server {
+            listener,
+            app,
+            pool,
+        })
+    }
+
+    pub fn local_addr(&self) -> anyhow::Result<SocketAddr> {
+        Ok(self.listener.local_addr()?)
+    }
+
+    /// Serves until `shutdown` fires; then stops accepting, lets in-flight requests finish and
+    /// closes the pool.
+    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let addr = self.local_addr()?;
+        tracing::info!(%addr, "listening");
+        axum::serve(
+            self.listener,
+            self.app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+        .context("HTTP server failed")?;
+        tracing::info!("HTTP server stopped; in-flight requests finished");
+        self.pool.close().await;
+        Ok(())
+    }
+}
+
+/// Serves the API with `config` until `shutdown` fires.
+pub async fn run(config: WebConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
+    Server::bind(&config).await?.run(shutdown).await
+}

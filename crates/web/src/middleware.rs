@@ -1,0 +1,65 @@
+//! Cross-cutting request handling: the `http.server.request.duration` histogram with the route
+//! template, a request span continuing the caller's W3C trace, and the request timeout.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use http::StatusCode;
+use opentelemetry::KeyValue;
+use tracing::Instrument;
+
+use crate::problem::Problem;
+use crate::state::AppState;
+
+/// Records the request's duration and runs it inside a span that continues an incoming
+/// `traceparent`, so jobs enqueued by the request carry the caller's trace.
+pub async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", |m| m.as_str())
+        .to_owned();
+    let method = req.method().as_str().to_owned();
+    let span = tracing::info_span!("http.request", http.method = %method, http.route = %route);
+    let mut carrier = BTreeMap::new();
+    for name in ["traceparent", "tracestate"] {
+        if let Some(v) = req.headers().get(name).and_then(|v| v.to_str().ok()) {
+            carrier.insert(name.to_owned(), v.to_owned());
+        }
+    }
+    if carrier.contains_key("traceparent") {
+        // A malformed traceparent is ignored: the request starts a new trace.
+        let _ = telemetry::set_parent_from(&span, &carrier);
+    }
+    let response = next.run(req).instrument(span).await;
+    state.request_duration.record(
+        started.elapsed().as_secs_f64(),
+        &[
+            KeyValue::new("route", route),
+            KeyValue::new("method", method),
+            KeyValue::new("status", i64::from(response.status().as_u16())),
+        ],
+    );
+    response
+}
+
+/// Answers 503 `timeout` when the handler takes longer than `limit`; the handler's future is
+/// dropped, which rolls back any open transaction.
+pub async fn timeout(limit: Duration, req: Request, next: Next) -> Response {
+    match tokio::time::timeout(limit, next.run(req)).await {
+        Ok(response) => response,
+        Err(_) => Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "timeout",
+            format!(
+                "the request took longer than {} s and was abandoned; nothing was changed",
+                limit.as_secs_f64()
+            ),
+        )
+        .into_response(),
+    }
+}

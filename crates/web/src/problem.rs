@@ -1,0 +1,262 @@
+//! RFC 9457 problem details: every error this service returns is `application/problem+json`
+//! with `type`, `title`, `status`, `detail` and a stable machine-readable `code`.
+
+use axum::response::{IntoResponse, Response};
+use http::header::{CONTENT_TYPE, HeaderName};
+use http::{HeaderMap, HeaderValue, StatusCode};
+use serde::Serialize;
+use serde_json::{Map, Value};
+use utoipa::ToSchema;
+
+/// The media type of every error body.
+pub const PROBLEM_CONTENT_TYPE: &str = "application/problem+json";
+
+/// Every stable error code, with its title and HTTP status (listed on the docs page).
+pub const CODES: &[(&str, u16, &str)] = &[
+    (
+        "unauthorized",
+        401,
+        "Missing, malformed, unknown or revoked credentials",
+    ),
+    ("forbidden", 403, "The credentials do not allow this"),
+    ("not_found", 404, "No such resource (or not yours)"),
+    (
+        "method_not_allowed",
+        405,
+        "The route does not support this method",
+    ),
+    (
+        "conflict",
+        409,
+        "The resource is not in a state that allows this",
+    ),
+    (
+        "payload_too_large",
+        413,
+        "The request body is larger than the limit",
+    ),
+    (
+        "unsupported_media_type",
+        415,
+        "The request body must be application/json",
+    ),
+    (
+        "invalid_json",
+        400,
+        "The request body is not well-formed JSON",
+    ),
+    (
+        "validation_failed",
+        422,
+        "The request is well-formed but a value is not acceptable",
+    ),
+    (
+        "repository_not_found",
+        422,
+        "The repository does not exist or is not public",
+    ),
+    (
+        "ref_not_found",
+        422,
+        "The repository has no such branch, tag or commit",
+    ),
+    (
+        "repository_unreachable",
+        422,
+        "The repository host could not be reached in time",
+    ),
+    (
+        "quota_exceeded",
+        429,
+        "The billing period's quota is used up",
+    ),
+    (
+        "rate_limited",
+        429,
+        "Too many requests; retry after the indicated time",
+    ),
+    (
+        "timeout",
+        503,
+        "The request took longer than the server's limit and was rolled back",
+    ),
+    ("not_ready", 503, "The service cannot serve requests yet"),
+    ("internal", 500, "An unexpected error on the server"),
+];
+
+/// The title of `code` (the code itself if unknown).
+pub fn title_of(code: &str) -> &'static str {
+    CODES
+        .iter()
+        .find(|(c, _, _)| *c == code)
+        .map_or("Error", |(_, _, t)| t)
+}
+
+/// An error response (boxed: it travels in every handler's `Err`).
+#[derive(Debug, Clone)]
+pub struct Problem(Box<ProblemInner>);
+
+#[derive(Debug, Clone)]
+struct ProblemInner {
+    status: StatusCode,
+    code: &'static str,
+    detail: String,
+    extra: Map<String, Value>,
+    headers: HeaderMap,
+}
+
+/// The body schema of every error (documentation; the response is built by [`Problem`]).
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = Problem)]
+pub struct ProblemBody {
+    /// A URI reference identifying the problem type (points into the docs page).
+    #[serde(rename = "type")]
+    pub problem_type: String,
+    /// A short summary of the problem type.
+    pub title: String,
+    /// The HTTP status code.
+    pub status: u16,
+    /// What exactly is wrong with this request.
+    pub detail: String,
+    /// Stable machine-readable error code.
+    #[schema(example = "validation_failed")]
+    pub code: String,
+}
+
+impl Problem {
+    pub fn new(status: StatusCode, code: &'static str, detail: impl Into<String>) -> Self {
+        Problem(Box::new(ProblemInner {
+            status,
+            code,
+            detail: detail.into(),
+            extra: Map::new(),
+            headers: HeaderMap::new(),
+        }))
+    }
+
+    pub fn unauthorized(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", detail).header(
+            http::header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer"),
+        )
+    }
+
+    pub fn forbidden(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "forbidden", detail)
+    }
+
+    pub fn not_found(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", detail)
+    }
+
+    pub fn validation(detail: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "validation_failed",
+            detail,
+        )
+    }
+
+    pub fn conflict(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "conflict", detail)
+    }
+
+    /// A 500 for `error`, which is logged (its text is not shown to the client).
+    pub fn internal(error: &dyn std::fmt::Display) -> Self {
+        tracing::error!(%error, "request failed");
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "an unexpected error occurred; it has been logged",
+        )
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.0.status
+    }
+
+    pub fn code(&self) -> &'static str {
+        self.0.code
+    }
+
+    /// Adds a member to the body.
+    pub fn with(mut self, key: &str, value: impl Into<Value>) -> Self {
+        self.0.extra.insert(key.to_owned(), value.into());
+        self
+    }
+
+    /// Adds a response header.
+    pub fn header(mut self, name: HeaderName, value: HeaderValue) -> Self {
+        self.0.headers.insert(name, value);
+        self
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> Value {
+        let p = &self.0;
+        let mut body = Map::new();
+        body.insert("type".into(), format!("/docs#problem-{}", p.code).into());
+        body.insert("title".into(), title_of(p.code).into());
+        body.insert("status".into(), p.status.as_u16().into());
+        body.insert("detail".into(), p.detail.clone().into());
+        body.insert("code".into(), p.code.into());
+        for (k, v) in &p.extra {
+            body.insert(k.clone(), v.clone());
+        }
+        Value::Object(body)
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let body = serde_json::to_vec(&self.body()).unwrap_or_default();
+        let inner = *self.0;
+        let mut response = (inner.status, body).into_response();
+        response
+            .headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_CONTENT_TYPE));
+        for (name, value) in inner.headers {
+            if let Some(name) = name {
+                response.headers_mut().insert(name, value);
+            }
+        }
+        response
+    }
+}
+
+impl From<sqlx::Error> for Problem {
+    fn from(e: sqlx::Error) -> Self {
+        Problem::internal(&e)
+    }
+}
+
+impl From<queue::QueueError> for Problem {
+    fn from(e: queue::QueueError) -> Self {
+        Problem::internal(&e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_has_the_rfc_members_and_extras() {
+        let p = Problem::validation("repository: bad").with("field", "repository");
+        let b = p.body();
+        assert_eq!(b["status"], 422);
+        assert_eq!(b["code"], "validation_failed");
+        assert_eq!(b["detail"], "repository: bad");
+        assert_eq!(b["type"], "/docs#problem-validation_failed");
+        assert_eq!(b["field"], "repository");
+        assert!(!b["title"].as_str().unwrap().is_empty());
+    }
+
+    #[test]
+    fn every_code_has_a_distinct_entry() {
+        let mut codes: Vec<_> = CODES.iter().map(|(c, _, _)| *c).collect();
+        codes.sort_unstable();
+        codes.dedup();
+        assert_eq!(codes.len(), CODES.len());
+    }
+}

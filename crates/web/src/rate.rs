@@ -1,0 +1,192 @@
+//! Rate limiting middleware (SPEC §7): describes each `/v1` request to [`ratelimit::Limiter`]
+//! (user, tier or `anonymous`, client address, route template, method, key id), refuses with a
+//! 429 `rate_limited` problem, and puts the limit headers on every limited route's response.
+
+use std::net::SocketAddr;
+
+use axum::extract::{ConnectInfo, MatchedPath, Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use ratelimit::{DescriptorKey, RateLimitOutcome, RateLimitRequest, ceil_seconds};
+
+use crate::auth::Identity;
+use crate::problem::Problem;
+use crate::state::AppState;
+
+/// The request as the limiter sees it.
+pub fn describe(
+    identity: Option<&Identity>,
+    remote: Option<SocketAddr>,
+    route: &str,
+    method: &str,
+) -> RateLimitRequest {
+    let mut request = RateLimitRequest::new()
+        .with(DescriptorKey::Route, route)
+        .with(DescriptorKey::Method, method);
+    if let Some(addr) = remote {
+        request.set(DescriptorKey::RemoteAddress, addr.ip().to_string());
+    }
+    match identity {
+        Some(Identity::User(user)) => {
+            request.set(DescriptorKey::UserId, user.user_id.to_string());
+            request.set(DescriptorKey::Tier, user.tier.as_str());
+            request.set(DescriptorKey::ApiKey, user.key_id.clone());
+        }
+        Some(Identity::Anonymous | Identity::Invalid(_)) | None => {
+            request.set(DescriptorKey::Tier, "anonymous");
+        }
+    }
+    request
+}
+
+/// A structured-field string (RFC 8941): quotes and backslashes escaped, other non-printables
+/// dropped.
+fn sf_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => {}
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The limit headers for `outcome` (none when no counted rule applied).
+pub fn limit_headers(outcome: &RateLimitOutcome) -> Vec<(HeaderName, String)> {
+    let Some(headline) = outcome.headline() else {
+        return Vec::new();
+    };
+    let Some(policy) = headline.policy else {
+        return Vec::new();
+    };
+    let d = headline.decision;
+    let reset = ceil_seconds(d.reset);
+    let name = sf_string(&headline.rule.id);
+    let window = policy.unit.seconds();
+    vec![
+        (
+            HeaderName::from_static("x-ratelimit-limit"),
+            d.limit.to_string(),
+        ),
+        (
+            HeaderName::from_static("x-ratelimit-remaining"),
+            d.remaining.to_string(),
+        ),
+        (
+            HeaderName::from_static("x-ratelimit-reset"),
+            reset.to_string(),
+        ),
+        (
+            HeaderName::from_static("ratelimit-policy"),
+            format!("{name};q={};w={window}", d.limit),
+        ),
+        (
+            HeaderName::from_static("ratelimit"),
+            format!("{name};r={};t={reset}", d.remaining),
+        ),
+    ]
+}
+
+fn apply(headers: &mut HeaderMap, list: Vec<(HeaderName, String)>) {
+    for (name, value) in list {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            headers.insert(name, value);
+        }
+    }
+}
+
+/// Middleware: runs after [`crate::auth::authenticate`].
+pub async fn limit(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let Some(limiter) = state.limiter.as_ref() else {
+        return next.run(req).await;
+    };
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| req.uri().path().to_owned(), |m| m.as_str().to_owned());
+    let remote = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0);
+    let request = describe(
+        req.extensions().get::<Identity>(),
+        remote,
+        &route,
+        req.method().as_str(),
+    );
+    let outcome = limiter.check(&request).await;
+    let headers = limit_headers(&outcome);
+    if !outcome.allowed {
+        let retry = outcome.retry_after().map_or(1, |d| ceil_seconds(d).max(1));
+        let limit = outcome.headline().map(|h| h.decision.limit);
+        let mut problem = Problem::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            format!("too many requests; retry in {retry} s"),
+        )
+        .with("retry_after", retry);
+        if let Some(limit) = limit {
+            problem = problem.with("limit", limit);
+        }
+        let mut response = problem.into_response();
+        apply(response.headers_mut(), headers);
+        if let Ok(v) = HeaderValue::from_str(&retry.to_string()) {
+            response.headers_mut().insert(http::header::RETRY_AFTER, v);
+        }
+        return response;
+    }
+    let mut response = next.run(req).await;
+    apply(response.headers_mut(), headers);
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::AuthUser;
+
+    #[test]
+    fn descriptors_of_users_and_anonymous_callers() {
+        let user = Identity::User(AuthUser {
+            user_id: uuid::Uuid::nil(),
+            tier: common::Tier::ProPlus,
+            key_id: "00112233aabbccdd".into(),
+        });
+        let addr: SocketAddr = "10.1.2.3:4567".parse().unwrap();
+        let r = describe(Some(&user), Some(addr), "/v1/jobs/{id}", "GET");
+        assert_eq!(r.get(DescriptorKey::Tier), Some("pro_plus"));
+        assert_eq!(r.get(DescriptorKey::ApiKey), Some("00112233aabbccdd"));
+        assert_eq!(r.get(DescriptorKey::RemoteAddress), Some("10.1.2.3"));
+        assert_eq!(r.get(DescriptorKey::Route), Some("/v1/jobs/{id}"));
+        assert_eq!(
+            r.get(DescriptorKey::UserId),
+            Some(uuid::Uuid::nil().to_string().as_str())
+        );
+        let anon = describe(
+            Some(&Identity::Invalid("x")),
+            Some(addr),
+            "/v1/usage",
+            "GET",
+        );
+        assert_eq!(anon.get(DescriptorKey::Tier), Some("anonymous"));
+        assert_eq!(anon.get(DescriptorKey::UserId), None);
+        assert_eq!(anon.get(DescriptorKey::ApiKey), None);
+    }
+
+    #[test]
+    fn structured_field_strings_are_escaped() {
+        assert_eq!(sf_string(r#"a"b\c"#), r#""a\"b\\c""#);
+        assert_eq!(
+            sf_string("fairlane:tier=free/user_id"),
+            "\"fairlane:tier=free/user_id\""
+        );
+    }
+}

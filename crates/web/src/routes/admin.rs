@@ -1,0 +1,126 @@
+//! Admin endpoints (`Authorization: Bearer <ADMIN_TOKEN>`): users, tiers, API keys.
+
+use axum::Json;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use http::StatusCode;
+use serde::Deserialize;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use crate::admin::{self, AdminError, IssuedKeyView, RevokedKeyView, TierName, UserView};
+use crate::auth::Admin;
+use crate::extract::{ApiJson, IdPath};
+use crate::problem::Problem;
+use crate::state::AppState;
+
+impl From<AdminError> for Problem {
+    fn from(e: AdminError) -> Self {
+        match e {
+            AdminError::Invalid(m) => Problem::validation(m),
+            AdminError::NotFound(m) => Problem::not_found(m),
+            AdminError::Database(e) => Problem::internal(&e),
+            AdminError::Randomness(e) => Problem::internal(&e),
+        }
+    }
+}
+
+/// Request body of `POST /admin/users`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateUser {
+    /// Display name, 1 to 200 characters.
+    #[schema(min_length = 1, max_length = 200, example = "Ada")]
+    pub name: String,
+    #[schema(value_type = TierName)]
+    pub tier: String,
+}
+
+/// Request body of `PATCH /admin/users/{id}`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateUser {
+    #[schema(value_type = TierName)]
+    pub tier: String,
+}
+
+fn user_id(id: &str) -> Result<Uuid, Problem> {
+    id.parse()
+        .map_err(|_| Problem::not_found(format!("no user `{id}`")))
+}
+
+/// Create a user with a tier.
+#[utoipa::path(
+    post,
+    path = "/admin/users",
+    tag = "admin",
+    request_body = CreateUser,
+    responses((status = 201, description = "The user", body = UserView)),
+    security(("admin_token" = []))
+)]
+pub async fn create_user(
+    State(state): State<AppState>,
+    _admin: Admin,
+    ApiJson(body): ApiJson<CreateUser>,
+) -> Result<Response, Problem> {
+    let tier = admin::parse_tier(&body.tier)?;
+    let user = admin::create_user(&state.pool, &body.name, tier).await?;
+    Ok((StatusCode::CREATED, Json(user)).into_response())
+}
+
+/// Change a user's tier.
+#[utoipa::path(
+    patch,
+    path = "/admin/users/{id}",
+    tag = "admin",
+    params(("id" = Uuid, Path, description = "The user id")),
+    request_body = UpdateUser,
+    responses((status = 200, description = "The user", body = UserView)),
+    security(("admin_token" = []))
+)]
+pub async fn update_user(
+    State(state): State<AppState>,
+    _admin: Admin,
+    IdPath(id): IdPath,
+    ApiJson(body): ApiJson<UpdateUser>,
+) -> Result<Json<UserView>, Problem> {
+    let id = user_id(&id)?;
+    let tier = admin::parse_tier(&body.tier)?;
+    Ok(Json(admin::set_tier(&state.pool, id, tier).await?))
+}
+
+/// Issue an API key for a user. The key is in this response only.
+#[utoipa::path(
+    post,
+    path = "/admin/users/{id}/keys",
+    tag = "admin",
+    params(("id" = Uuid, Path, description = "The user id")),
+    responses((status = 201, description = "The new key", body = IssuedKeyView)),
+    security(("admin_token" = []))
+)]
+pub async fn issue_key(
+    State(state): State<AppState>,
+    _admin: Admin,
+    IdPath(id): IdPath,
+) -> Result<Response, Problem> {
+    let id = user_id(&id)?;
+    let key = admin::issue_key(&state.pool, id).await?;
+    Ok((StatusCode::CREATED, Json(key)).into_response())
+}
+
+/// Revoke an API key (idempotent).
+#[utoipa::path(
+    delete,
+    path = "/admin/keys/{key_id}",
+    tag = "admin",
+    params(("key_id" = String, Path, description = "The key's public id")),
+    responses((status = 200, description = "The revoked key", body = RevokedKeyView)),
+    security(("admin_token" = []))
+)]
+pub async fn revoke_key(
+    State(state): State<AppState>,
+    _admin: Admin,
+    IdPath(key_id): IdPath,
+) -> Result<Json<RevokedKeyView>, Problem> {
+    Ok(Json(admin::revoke_key(&state.pool, &key_id).await?))
+}

@@ -1,0 +1,121 @@
+//! `GET /v1/jobs/{id}` and `DELETE /v1/jobs/{id}` (cancel) for the caller's own jobs.
+
+use axum::Json;
+use axum::extract::State;
+use queue::{CancelResult, JobRow};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::JobView;
+use crate::auth::AuthUser;
+use crate::extract::IdPath;
+use crate::problem::Problem;
+use crate::state::AppState;
+
+/// What a cancel request did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Cancellation {
+    /// The job was waiting and is now cancelled; its quota reservation was released.
+    Cancelled,
+    /// The job is running and was told to stop; it ends `cancelled` unless it finishes first.
+    Requested,
+    /// The job had already finished; nothing changed.
+    AlreadyFinal,
+}
+
+/// Response of `DELETE /v1/jobs/{id}`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct CancelResponse {
+    pub cancellation: Cancellation,
+    pub job: JobView,
+}
+
+fn parse_id(id: &str) -> Result<i64, Problem> {
+    id.parse::<i64>()
+        .map_err(|_| Problem::not_found(format!("no job `{id}`")))
+}
+
+/// The job `id` if it is the caller's.
+async fn owned_job(state: &AppState, user: &AuthUser, id: i64) -> Result<JobRow, Problem> {
+    let row: Option<JobRow> =
+        sqlx::query_as("SELECT * FROM fairlane_job WHERE id = $1 AND user_id = $2")
+            .bind(id)
+            .bind(user.user_id.to_string())
+            .fetch_optional(&state.pool)
+            .await?;
+    row.ok_or_else(|| Problem::not_found(format!("no job `{id}`")))
+}
+
+/// A job of the caller's: state, queue, attempts, timestamps, and its result or last error.
+#[utoipa::path(
+    get,
+    path = "/v1/jobs/{id}",
+    tag = "jobs",
+    params(("id" = i64, Path, description = "The job id")),
+    responses((status = 200, description = "The job", body = JobView)),
+    security(("api_key" = []))
+)]
+pub async fn get(
+    State(state): State<AppState>,
+    user: AuthUser,
+    IdPath(id): IdPath,
+) -> Result<Json<JobView>, Problem> {
+    let job = owned_job(&state, &user, parse_id(&id)?).await?;
+    Ok(Json(JobView::from(&job)))
+}
+
+/// Cancel a job of the caller's. A waiting job is cancelled at once and its quota reservation
+/// released in the same transaction; a running job is told to stop.
+#[utoipa::path(
+    delete,
+    path = "/v1/jobs/{id}",
+    tag = "jobs",
+    params(("id" = i64, Path, description = "The job id")),
+    responses((status = 200, description = "What the cancel did", body = CancelResponse)),
+    security(("api_key" = []))
+)]
+pub async fn cancel(
+    State(state): State<AppState>,
+    user: AuthUser,
+    IdPath(id): IdPath,
+) -> Result<Json<CancelResponse>, Problem> {
+    let id = parse_id(&id)?;
+    let mut tx = state.pool.begin().await?;
+    let owned: Option<(i64,)> =
+        sqlx::query_as("SELECT id FROM fairlane_job WHERE id = $1 AND user_id = $2")
+            .bind(id)
+            .bind(user.user_id.to_string())
+            .fetch_optional(&mut *tx)
+            .await?;
+    if owned.is_none() {
+        return Err(Problem::not_found(format!("no job `{id}`")));
+    }
+    let result = state
+        .queue
+        .cancel_tx(&mut tx, id)
+        .await?
+        .ok_or_else(|| Problem::not_found(format!("no job `{id}`")))?;
+    let cancellation = match &result {
+        CancelResult::Cancelled(_) => {
+            // Nobody will run the job now: close the record it would have filled.
+            for table in ["analyses", "specviews"] {
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "UPDATE {table} SET state = 'failed', error = 'cancelled by the user', \
+                     updated_at = now() WHERE job_id = $1 AND state IN ('pending', 'running')"
+                )))
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            }
+            Cancellation::Cancelled
+        }
+        CancelResult::Requested(_) => Cancellation::Requested,
+        CancelResult::AlreadyFinal(_) => Cancellation::AlreadyFinal,
+    };
+    tx.commit().await?;
+    Ok(Json(CancelResponse {
+        cancellation,
+        job: JobView::from(result.job()),
+    }))
+}

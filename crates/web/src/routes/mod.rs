@@ -1,0 +1,212 @@
+//! The HTTP endpoints, grouped by resource, and the JSON shapes they return.
+
+pub mod admin;
+pub mod analyses;
+pub mod jobs;
+pub mod specviews;
+pub mod system;
+pub mod usage;
+
+use chrono::{DateTime, Utc};
+use queue::{JobRow, JobState};
+use serde::Serialize;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+/// A job's state (SPEC §3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum JobStateName {
+    Available,
+    Scheduled,
+    Running,
+    Retryable,
+    Completed,
+    Cancelled,
+    Discarded,
+}
+
+impl From<JobState> for JobStateName {
+    fn from(s: JobState) -> Self {
+        match s {
+            JobState::Available => JobStateName::Available,
+            JobState::Scheduled => JobStateName::Scheduled,
+            JobState::Running => JobStateName::Running,
+            JobState::Retryable => JobStateName::Retryable,
+            JobState::Completed => JobStateName::Completed,
+            JobState::Cancelled => JobStateName::Cancelled,
+            JobState::Discarded => JobStateName::Discarded,
+        }
+    }
+}
+
+/// The state of an analysis or specview record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkState {
+    Pending,
+    Running,
+    Completed,
+    Failed,
+}
+
+impl WorkState {
+    pub fn parse(s: &str) -> WorkState {
+        match s {
+            "running" => WorkState::Running,
+            "completed" => WorkState::Completed,
+            "failed" => WorkState::Failed,
+            _ => WorkState::Pending,
+        }
+    }
+}
+
+/// A job as just enqueued.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct JobSummary {
+    pub id: i64,
+    pub state: JobStateName,
+    /// The queue it waits in (`analysis_priority`, `analysis_default`, …).
+    pub queue: String,
+}
+
+impl From<&JobRow> for JobSummary {
+    fn from(j: &JobRow) -> Self {
+        JobSummary {
+            id: j.id,
+            state: j.state.into(),
+            queue: j.queue.clone(),
+        }
+    }
+}
+
+/// One failed attempt.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct JobErrorView {
+    pub attempt: i16,
+    pub at: DateTime<Utc>,
+    /// `error`, `panic`, `timeout`, `unknown_kind`, `invalid_args`, `rescued` or `interrupted`.
+    pub kind: String,
+    pub error: String,
+}
+
+/// A job, as its owner sees it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct JobView {
+    pub id: i64,
+    /// `analysis` or `specview`.
+    pub kind: String,
+    pub queue: String,
+    pub state: JobStateName,
+    /// Attempts started so far.
+    pub attempt: i16,
+    pub max_attempts: i16,
+    pub created_at: DateTime<Utc>,
+    /// When the job is (or was) due to run.
+    pub scheduled_at: DateTime<Utc>,
+    pub attempted_at: Option<DateTime<Utc>>,
+    pub finalized_at: Option<DateTime<Utc>>,
+    /// A cancel was requested while it was running.
+    pub cancel_requested: bool,
+    /// What the job's handler returned, once completed.
+    #[schema(value_type = Option<Object>)]
+    pub result: Option<serde_json::Value>,
+    /// The most recent failed attempt, if any.
+    pub last_error: Option<JobErrorView>,
+}
+
+impl From<&JobRow> for JobView {
+    fn from(j: &JobRow) -> Self {
+        let last_error = j.attempt_errors().pop().map(|e| JobErrorView {
+            attempt: e.attempt,
+            at: e.at,
+            kind: serde_json::to_value(e.kind)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default(),
+            error: e.error,
+        });
+        JobView {
+            id: j.id,
+            kind: j.kind.clone(),
+            queue: j.queue.clone(),
+            state: j.state.into(),
+            attempt: j.attempt,
+            max_attempts: j.max_attempts,
+            created_at: j.created_at,
+            scheduled_at: j.scheduled_at,
+            attempted_at: j.attempted_at,
+            finalized_at: j.finalized_at,
+            cancel_requested: j.metadata.get("cancel_attempted_at").is_some(),
+            result: j.output.clone().filter(|v| v.is_object()),
+            last_error,
+        }
+    }
+}
+
+/// An analysis record.
+#[derive(Debug, Clone, Serialize, ToSchema, sqlx::FromRow)]
+pub struct AnalysisView {
+    pub id: Uuid,
+    /// The normalised repository URL.
+    pub repository: String,
+    /// The ref as requested (`null`: the default branch).
+    #[serde(rename = "ref")]
+    #[sqlx(rename = "requested_ref")]
+    pub git_ref: Option<String>,
+    /// The commit analysed.
+    pub commit: String,
+    #[sqlx(try_from = "String")]
+    pub state: WorkState,
+    /// The job that fills this record (`null` for a cache hit).
+    pub job_id: Option<i64>,
+    /// Whether this result was served from the cache (no job, no quota used).
+    pub cached: bool,
+    /// The test inventory, once completed (written by the analyzer).
+    #[schema(value_type = Option<Object>)]
+    pub result: Option<serde_json::Value>,
+    pub error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub completed_at: Option<DateTime<Utc>>,
+}
+
+impl From<String> for WorkState {
+    fn from(s: String) -> Self {
+        WorkState::parse(&s)
+    }
+}
+
+/// The columns of [`AnalysisView`], for `SELECT` and `RETURNING` lists.
+pub const ANALYSIS_COLUMNS: &str = "id, repository, requested_ref, commit, state::text AS state, \
+     job_id, cached_from IS NOT NULL AS cached, \
+     CASE WHEN jsonb_typeof(result) = 'object' THEN result END AS result, error, \
+     created_at, updated_at, completed_at";
+
+/// A specview record.
+#[derive(Debug, Clone, Serialize, ToSchema, sqlx::FromRow)]
+pub struct SpecviewView {
+    pub id: Uuid,
+    pub analysis_id: Uuid,
+    #[sqlx(try_from = "String")]
+    pub state: WorkState,
+    pub job_id: Option<i64>,
+    /// The behaviour specification as structured data (written by the specgen worker).
+    #[schema(value_type = Option<Object>)]
+    pub result: Option<serde_json::Value>,
+    /// The same specification as Markdown (also served with `Accept: text/markdown`).
+    pub markdown: Option<String>,
+    pub error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub completed_at: Option<DateTime<Utc>>,
+}
+
+pub const SPECVIEW_COLUMNS: &str = "id, analysis_id, state::text AS state, job_id, \
+     CASE WHEN jsonb_typeof(result) = 'object' THEN result END AS result, markdown, error, \
+     created_at, updated_at, completed_at";
+
+/// Whether `s` is a full commit id (SHA-1 or SHA-256 hex), which needs no network to resolve.
+pub fn is_object_id(s: &str) -> bool {
+    (s.len() == 40 || s.len() == 64) && s.bytes().all(|c| c.is_ascii_hexdigit())
+}

@@ -1,0 +1,45 @@
+//! What every request handler shares: the database pool, the queue client (with the quota
+//! hook), the quota service, the rate limiter, the URL policy and pre-rendered documents.
+
+use std::ops::Deref;
+use std::sync::Arc;
+
+use opentelemetry::metrics::Histogram;
+use sqlx::PgPool;
+
+/// Shared state; cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+pub struct Inner {
+    pub pool: PgPool,
+    /// Queue client with [`quota::QuotaHook`] registered, so cancelling a waiting job releases
+    /// its reservation in the same transaction.
+    pub queue: queue::Client,
+    pub quota: quota::Quota,
+    /// `None` when rate limiting is disabled.
+    pub limiter: Option<ratelimit::Limiter>,
+    pub url_policy: inventory::UrlPolicy,
+    pub resolve_limits: inventory::Limits,
+    pub admin_token: Option<String>,
+    pub request_duration: Histogram<f64>,
+    pub openapi_json: String,
+    pub docs_html: String,
+}
+
+impl AppState {
+    pub fn new(inner: Inner) -> Self {
+        AppState {
+            inner: Arc::new(inner),
+        }
+    }
+}
+
+impl Deref for AppState {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.inner
+    }
+}

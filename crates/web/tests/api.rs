@@ -1,0 +1,1010 @@
+//! The HTTP API end to end against real PostgreSQL: authentication, ownership, cancel, bad
+//! input, tier routing, atomicity, billing through the real queue, cache-first, specviews, refs
+//! and the operational endpoints.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::AnalysisArgs;
+use http::Method;
+use queue::{Client, Engine, EngineConfig, QueueName, Workers};
+use serde_json::{Value, json};
+use support::{
+    ADMIN_TOKEN, TestServer, analysis_body, config, count, sha, user_with_key, written_rows,
+};
+use testkit::TestDb;
+use tokio_util::sync::CancellationToken;
+
+async fn start(db: &TestDb) -> TestServer {
+    TestServer::start(config(db)).await
+}
+
+#[tokio::test]
+async fn missing_wrong_and_revoked_keys_are_401() {
+    let db = TestDb::new().await;
+    let s = start(&db).await;
+    let (_, key) = user_with_key(&db.pool, "pro").await;
+    assert_eq!(s.http.get("/v1/usage", &key).await.status, 200);
+
+    let none = s.http.send(Method::GET, "/v1/usage", &[], None).await;
+    let body = none.problem(401, "unauthorized");
+    assert!(body["detail"].as_str().unwrap().contains("Authorization"));
+    assert_eq!(none.header("www-authenticate"), Some("Bearer"));
+
+    let basic = s
+        .http
+        .send(
+            Method::GET,
+            "/v1/usage",
+            &[("authorization", "Basic dTpw")],
+            None,
+        )
+        .await;
+    basic.problem(401, "unauthorized");
+    s.http
+        .get("/v1/usage", "not-a-key")
+        .await
+        .problem(401, "unauthorized");
+    // Right id, wrong secret.
+    let forged = format!("{}{}", &key[..key.len() - 4], "AAAA");
+    let body = s
+        .http
+        .get("/v1/usage", &forged)
+        .await
+        .problem(401, "unauthorized");
+    assert!(body["detail"].as_str().unwrap().contains("not known"));
+    // A well-formed key nobody issued.
+    let stranger = web::keys::generate().unwrap().key;
+    s.http
+        .get("/v1/usage", &stranger)
+        .await
+        .problem(401, "unauthorized");
+
+    // Revoked through the admin API.
+    let key_id = web::keys::parse_id(&key).unwrap().to_owned();
+    let admin = format!("Bearer {ADMIN_TOKEN}");
+    let revoked = s
+        .http
+        .send(
+            Method::DELETE,
+            &format!("/admin/keys/{key_id}"),
+            &[("authorization", &admin)],
+            None,
+        )
+        .await;
+    assert_eq!(revoked.status, 200, "{}", revoked.text());
+    let body = s
+        .http
+        .get("/v1/usage", &key)
+        .await
+        .problem(401, "unauthorized");
+    assert!(body["detail"].as_str().unwrap().contains("revoked"));
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn another_users_job_and_analysis_are_not_found() {
+    let db = TestDb::new().await;
+    let s = start(&db).await;
+    let (_, alice) = user_with_key(&db.pool, "pro").await;
+    let (_, bob) = user_with_key(&db.pool, "pro").await;
+    let created = s
+        .http
+        .post_json("/v1/analyses", &alice, &analysis_body(1))
+        .await;
+    assert_eq!(created.status, 202, "{}", created.text());
+    let body = created.json();
+    let job = body["job"]["id"].as_i64().unwrap();
+    let analysis = body["analysis_id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        created.header("location"),
+        Some(format!("/v1/jobs/{job}").as_str())
+    );
+
+    let mine = s.http.get(&format!("/v1/jobs/{job}"), &alice).await;
+    assert_eq!(mine.status, 200);
+    let view = mine.json();
+    assert_eq!(view["state"], "available");
+    assert_eq!(view["queue"], "analysis_priority");
+    assert_eq!(view["kind"], "analysis");
+    assert_eq!(view["attempt"], 0);
+    assert!(view["created_at"].is_string());
+    assert!(view["result"].is_null() && view["last_error"].is_null());
+
+    s.http
+        .get(&format!("/v1/jobs/{job}"), &bob)
+        .await
+        .problem(404, "not_found");
+    s.http
+        .delete(&format!("/v1/jobs/{job}"), &bob)
+        .await
+        .problem(404, "not_found");
+    s.http
+        .get(&format!("/v1/analyses/{analysis}"), &bob)
+        .await
+        .problem(404, "not_found");
+    s.http
+        .get("/v1/jobs/999999", &alice)
+        .await
+        .problem(404, "not_found");
+    s.http
+        .get("/v1/jobs/abc", &alice)
+        .await
+        .problem(404, "not_found");
+    s.http
+        .get("/v1/analyses/not-a-uuid", &alice)
+        .await
+        .problem(404, "not_found");
+    // Bob's attempt changed nothing.
+    let (state,): (String,) = sqlx::query_as("SELECT state::text FROM fairlane_job WHERE id = $1")
+        .bind(job)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(state, "available");
+    assert_eq!(count(&db.pool, "quota_reservations").await, 1);
+
+    let own = s
+        .http
+        .get(&format!("/v1/analyses/{analysis}"), &alice)
+        .await;
+    assert_eq!(own.status, 200);
+    let a = own.json();
+    assert_eq!(a["state"], "pending");
+    assert_eq!(a["job_id"], job);
+    assert_eq!(a["commit"], sha(1));
+    assert_eq!(
+        a["repository"],
+        "https://github.com/fairlane-test/fixture.git"
+    );
+    assert_eq!(a["cached"], false);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn deleting_a_waiting_job_releases_its_reservation() {
+    let db = TestDb::new().await;
+    let s = start(&db).await;
+    let (_, key) = user_with_key(&db.pool, "free").await;
+    let created = s
+        .http
+        .post_json("/v1/analyses", &key, &analysis_body(7))
+        .await;
+    assert_eq!(created.status, 202);
+    let job = created.json()["job"]["id"].as_i64().unwrap();
+    let usage = s.http.get("/v1/usage", &key).await.json();
+    assert_eq!(usage["usage"][0]["reserved"], 1);
+    assert_eq!(usage["usage"][0]["limit"], 50);
+
+    let cancel = s.http.delete(&format!("/v1/jobs/{job}"), &key).await;
+    assert_eq!(cancel.status, 200, "{}", cancel.text());
+    let body = cancel.json();
+    assert_eq!(body["cancellation"], "cancelled");
+    assert_eq!(body["job"]["state"], "cancelled");
+    assert_eq!(count(&db.pool, "quota_reservations").await, 0);
+    assert_eq!(count(&db.pool, "usage_events").await, 0);
+    let usage = s.http.get("/v1/usage", &key).await.json();
+    assert_eq!(usage["usage"][0]["reserved"], 0);
+    assert_eq!(usage["usage"][0]["used"], 0);
+    let (state, error): (String, Option<String>) =
+        sqlx::query_as("SELECT state::text, error FROM analyses WHERE job_id = $1")
+            .bind(job)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (state.as_str(), error.as_deref()),
+        ("failed", Some("cancelled by the user"))
+    );
+    let again = s.http.delete(&format!("/v1/jobs/{job}"), &key).await.json();
+    assert_eq!(again["cancellation"], "already_final");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn bad_input_is_a_helpful_4xx_and_writes_nothing() {
+    let db = TestDb::new().await;
+    let mut c = config(&db);
+    c.analyzer_allow_file_urls = false;
+    let s = TestServer::start(c).await;
+    let (_, key) = user_with_key(&db.pool, "pro").await;
+    let auth = format!("Bearer {key}");
+    let json_headers = [
+        ("authorization", auth.as_str()),
+        ("content-type", "application/json"),
+    ];
+    let raw = |body: &str| Some(body.as_bytes().to_vec());
+    let auth_only = [("authorization", auth.as_str())];
+    let text_plain = [
+        ("authorization", auth.as_str()),
+        ("content-type", "text/plain"),
+    ];
+
+    type Case<'a> = (
+        &'a [(&'a str, &'a str)],
+        Option<Vec<u8>>,
+        u16,
+        &'a str,
+        &'a str,
+    );
+    let cases: Vec<Case<'_>> = vec![
+        (
+            &json_headers,
+            raw("{\"repository\":"),
+            400,
+            "invalid_json",
+            "not valid JSON",
+        ),
+        (
+            &json_headers,
+            raw("[1, 2"),
+            400,
+            "invalid_json",
+            "not valid JSON",
+        ),
+        (&json_headers, raw(""), 400, "invalid_json", "EOF"),
+        (
+            &json_headers,
+            raw("{\"repository\": 5}"),
+            422,
+            "validation_failed",
+            "invalid type",
+        ),
+        (
+            &json_headers,
+            raw("[]"),
+            422,
+            "validation_failed",
+            "must be a JSON object, got an array",
+        ),
+        (
+            &json_headers,
+            raw("{}"),
+            422,
+            "validation_failed",
+            "missing field `repository`",
+        ),
+        (
+            &json_headers,
+            raw("{\"repository\": \"https://github.com/a/b\", \"branch\": \"main\"}"),
+            422,
+            "validation_failed",
+            "unknown field `branch`",
+        ),
+        (
+            &json_headers,
+            Some(
+                format!(
+                    "{{\"repository\": \"https://github.com/a/{}\"}}",
+                    "x".repeat(20_000)
+                )
+                .into_bytes(),
+            ),
+            413,
+            "payload_too_large",
+            "larger",
+        ),
+        (
+            &auth_only,
+            raw("{}"),
+            415,
+            "unsupported_media_type",
+            "Content-Type",
+        ),
+        (
+            &text_plain,
+            raw("{}"),
+            415,
+            "unsupported_media_type",
+            "text/plain",
+        ),
+    ];
+    for (headers, body, status, code, detail) in cases {
+        let r = s
+            .http
+            .send(Method::POST, "/v1/analyses", headers, body)
+            .await;
+        let b = r.problem(status, code);
+        assert!(b["detail"].as_str().unwrap().contains(detail), "{b}");
+    }
+    let urls = [
+        (
+            "file:///srv/repos/x.git",
+            "file:// repository URLs are not allowed",
+        ),
+        ("ssh://github.com/a/b", "`ssh` scheme is not allowed"),
+        ("ssh://git@github.com/a/b", "repository"),
+        ("http://localhost/x", "`http` scheme is not allowed"),
+        ("https://localhost/x", "internal name"),
+        ("https://10.0.0.1/x", "private"),
+        ("git@github.com:a/b.git", "scp-style"),
+        ("garbage", "no scheme"),
+        ("not a url at all", "whitespace"),
+        ("", "empty"),
+    ];
+    for (url, detail) in urls {
+        let r = s
+            .http
+            .post_json(
+                "/v1/analyses",
+                &key,
+                &json!({"repository": url, "ref": sha(1)}),
+            )
+            .await;
+        let b = r.problem(422, "validation_failed");
+        let text = b["detail"].as_str().unwrap();
+        assert!(
+            text.starts_with("repository: ") && text.contains(detail),
+            "{url}: {text}"
+        );
+        assert_eq!(b["field"], "repository");
+    }
+    for (git_ref, detail) in [
+        ("", "must not be empty"),
+        ("a..b", "`..`"),
+        ("-x", "start with `-`"),
+    ] {
+        let r = s
+            .http
+            .post_json(
+                "/v1/analyses",
+                &key,
+                &json!({"repository": "https://github.com/a/b", "ref": git_ref}),
+            )
+            .await;
+        let b = r.problem(422, "validation_failed");
+        assert!(b["detail"].as_str().unwrap().contains(detail), "{b}");
+    }
+    // Specviews.
+    let b = s
+        .http
+        .post_json("/v1/specviews", &key, &json!({"analysis_id": "nope"}))
+        .await
+        .problem(422, "validation_failed");
+    assert!(b["detail"].as_str().unwrap().contains("UUID"), "{b}");
+    s.http
+        .post_json(
+            "/v1/specviews",
+            &key,
+            &json!({"analysis_id": uuid::Uuid::new_v4()}),
+        )
+        .await
+        .problem(404, "not_found");
+    // Admin.
+    let admin = format!("Bearer {ADMIN_TOKEN}");
+    let r = s
+        .http
+        .send(
+            Method::POST,
+            "/admin/users",
+            &[
+                ("authorization", &admin),
+                ("content-type", "application/json"),
+            ],
+            raw("{\"name\": \"x\", \"tier\": \"gold\"}"),
+        )
+        .await;
+    assert!(
+        r.problem(422, "validation_failed")["detail"]
+            .as_str()
+            .unwrap()
+            .contains("unknown tier")
+    );
+    let users_before = count(&db.pool, "users").await;
+    let r = s
+        .http
+        .send(
+            Method::POST,
+            "/admin/users",
+            &[
+                ("authorization", &admin),
+                ("content-type", "application/json"),
+            ],
+            raw("{\"name\": \"\", \"tier\": \"pro\"}"),
+        )
+        .await;
+    r.problem(422, "validation_failed");
+    assert_eq!(count(&db.pool, "users").await, users_before);
+    assert_eq!(written_rows(&db.pool).await, [0, 0, 0, 0, 0]);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn every_tier_is_routed_to_its_lane_and_unknown_tiers_to_default() {
+    let db = TestDb::new().await;
+    let s = start(&db).await;
+    sqlx::query("ALTER TYPE fairlane_tier ADD VALUE 'gold'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let mut cases = Vec::new();
+    for (tier, queue) in [
+        ("free", "analysis_default"),
+        ("pro", "analysis_priority"),
+        ("pro_plus", "analysis_priority"),
+        ("enterprise", "analysis_priority"),
+    ] {
+        let (user, key) = user_with_key(&db.pool, tier).await;
+        cases.push((tier, user, key, queue));
+    }
+    // A tier value this build does not know (say a later migration added it).
+    let (gold, gold_key) = user_with_key(&db.pool, "free").await;
+    sqlx::query("UPDATE users SET tier = 'gold' WHERE id = $1")
+        .bind(gold)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    cases.push(("gold", gold, gold_key, "analysis_default"));
+    for (n, (tier, user, key, queue)) in cases.iter().enumerate() {
+        let r = s
+            .http
+            .post_json("/v1/analyses", key, &analysis_body(n as u64))
+            .await;
+        assert_eq!(r.status, 202, "{tier}: {}", r.text());
+        let body = r.json();
+        assert_eq!(body["job"]["queue"], *queue, "{tier}");
+        let (db_queue, args): (String, Value) =
+            sqlx::query_as("SELECT queue::text, args FROM fairlane_job WHERE id = $1")
+                .bind(body["job"]["id"].as_i64().unwrap())
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        assert_eq!(db_queue, *queue);
+        assert_eq!(args["user_id"], user.to_string());
+        assert_eq!(args["ref"], sha(n as u64));
+        assert_eq!(args["analysis_id"], body["analysis_id"]);
+    }
+    let usage = s.http.get("/v1/usage", &cases[4].2).await.json();
+    assert_eq!(usage["tier"], "free");
+    assert_eq!(usage["usage"][0]["limit"], 50);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_failing_job_insert_leaves_no_reservation() {
+    let db = TestDb::new().await;
+    let s = start(&db).await;
+    let (_, key) = user_with_key(&db.pool, "pro").await;
+    sqlx::query(
+        "CREATE FUNCTION refuse_job() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF NEW.args->>'repository' LIKE '%explode%' THEN \
+           RAISE EXCEPTION 'job insert refused by test trigger'; END IF; RETURN NEW; END $$",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "CREATE TRIGGER refuse_job BEFORE INSERT ON fairlane_job \
+         FOR EACH ROW EXECUTE FUNCTION refuse_job()",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let r = s
+        .http
+        .post_json(
+            "/v1/analyses",
+            &key,
+            &json!({"repository": "https://github.com/a/explode", "ref": sha(3)}),
+        )
+        .await;
+    let body = r.problem(500, "internal");
+    assert!(
+        !body["detail"].as_str().unwrap().contains("trigger"),
+        "no internals leak"
+    );
+    assert_eq!(written_rows(&db.pool).await, [0, 0, 0, 0, 0]);
+    // The same request without the failure goes through.
+    let ok = s
+        .http
+        .post_json("/v1/analyses", &key, &analysis_body(3))
+        .await;
+    assert_eq!(ok.status, 202);
+    assert_eq!(written_rows(&db.pool).await, [1, 1, 0, 1, 0]);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserved_units_become_used_exactly_once_when_jobs_complete() {
+    let db = TestDb::new().await;
+    let s = start(&db).await;
+    let (_, key) = user_with_key(&db.pool, "pro").await;
+    let mut jobs = Vec::new();
+    for n in 0..3 {
+        let r = s
+            .http
+            .post_json("/v1/analyses", &key, &analysis_body(100 + n))
+            .await;
+        assert_eq!(r.status, 202);
+        jobs.push(r.json()["job"]["id"].as_i64().unwrap());
+    }
+    let usage = s.http.get("/v1/usage", &key).await.json();
+    assert_eq!(
+        (
+            usage["usage"][0]["used"].clone(),
+            usage["usage"][0]["reserved"].clone()
+        ),
+        (json!(0), json!(3))
+    );
+    assert_eq!(usage["usage"][0]["remaining"], 997);
+
+    // A worker: the real engine, with the quota hook on its client.
+    let client = Client::new(db.pool.clone()).with_hooks(vec![Arc::new(quota::QuotaHook::new())]);
+    let mut workers = Workers::new();
+    workers.register_fn::<AnalysisArgs, _, _>(|ctx, args| async move {
+        ctx.set_output(&json!({"tests": 42, "commit": args.git_ref}))
+            .map_err(queue::JobError::from)?;
+        Ok(())
+    });
+    let engine = Engine::builder(client)
+        .config(EngineConfig {
+            poll_interval: Duration::from_millis(100),
+            ..EngineConfig::default()
+        })
+        .queue(QueueName::new("analysis_priority").unwrap(), 2)
+        .workers(workers)
+        .build()
+        .unwrap();
+    let shutdown = CancellationToken::new();
+    let handle = tokio::spawn(engine.run(shutdown.clone()));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let done = count(&db.pool, "fairlane_job WHERE state = 'completed'").await;
+        if done == 3 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{done} of 3 completed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    shutdown.cancel();
+    handle.await.unwrap().unwrap();
+    let usage = s.http.get("/v1/usage", &key).await.json();
+    assert_eq!(usage["usage"][0]["used"], 3);
+    assert_eq!(usage["usage"][0]["reserved"], 0);
+    assert_eq!(count(&db.pool, "usage_events").await, 3);
+    let job = s
+        .http
+        .get(&format!("/v1/jobs/{}", jobs[0]), &key)
+        .await
+        .json();
+    assert_eq!(job["state"], "completed");
+    assert_eq!(job["result"]["tests"], 42);
+    assert!(job["finalized_at"].is_string());
+    // Cancelling a completed job changes nothing and bills nothing more.
+    let r = s
+        .http
+        .delete(&format!("/v1/jobs/{}", jobs[0]), &key)
+        .await
+        .json();
+    assert_eq!(r["cancellation"], "already_final");
+    assert_eq!(count(&db.pool, "usage_events").await, 3);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn cache_hits_return_the_stored_result_without_job_reservation_or_usage() {
+    let db = TestDb::new().await;
+    let s = start(&db).await;
+    let (other, _) = user_with_key(&db.pool, "pro").await;
+    let (_, key) = user_with_key(&db.pool, "free").await;
+    let repository = "https://github.com/fairlane-test/fixture.git";
+    sqlx::query(
+        "INSERT INTO analyses (user_id, repository, commit, state, result, completed_at) \
+         VALUES ($1, $2, $3, 'completed', '{\"tests\": 7}', now())",
+    )
+    .bind(other)
+    .bind(repository)
+    .bind(sha(5))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    // Same repository written differently (upper-case host) and the commit in upper case.
+    let r = s
+        .http
+        .post_json(
+            "/v1/analyses",
+            &key,
+            &json!({"repository": "https://GitHub.com/fairlane-test/fixture.git", "ref": sha(5).to_uppercase()}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let body = r.json();
+    assert_eq!(body["cached"], true);
+    assert_eq!(body["state"], "completed");
+    assert_eq!(body["result"]["tests"], 7);
+    assert_eq!(body["commit"], sha(5));
+    assert!(body["job_id"].is_null());
+    // The copy is the caller's own.
+    let id = body["id"].as_str().unwrap();
+    assert_eq!(
+        s.http.get(&format!("/v1/analyses/{id}"), &key).await.status,
+        200
+    );
+    assert_eq!(written_rows(&db.pool).await, [0, 0, 0, 2, 0]);
+    // Asking again returns the same record.
+    let again = s
+        .http
+        .post_json(
+            "/v1/analyses",
+            &key,
+            &json!({"repository": repository, "ref": sha(5)}),
+        )
+        .await
+        .json();
+    assert_eq!(again["id"], body["id"]);
+    assert_eq!(written_rows(&db.pool).await, [0, 0, 0, 2, 0]);
+    // A different commit is not cached.
+    let miss = s
+        .http
+        .post_json(
+            "/v1/analyses",
+            &key,
+            &json!({"repository": repository, "ref": sha(6)}),
+        )
+        .await;
+    assert_eq!(miss.status, 202);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn specviews_need_a_completed_analysis_and_serve_markdown() {
+    let db = TestDb::new().await;
+    let s = start(&db).await;
+    let (_, key) = user_with_key(&db.pool, "free").await;
+    let (_, other) = user_with_key(&db.pool, "free").await;
+    let created = s
+        .http
+        .post_json("/v1/analyses", &key, &analysis_body(9))
+        .await
+        .json();
+    let analysis = created["analysis_id"].as_str().unwrap().to_owned();
+    let body = json!({"analysis_id": analysis});
+    s.http
+        .post_json("/v1/specviews", &key, &body)
+        .await
+        .problem(409, "conflict");
+    s.http
+        .post_json("/v1/specviews", &other, &body)
+        .await
+        .problem(404, "not_found");
+    sqlx::query("UPDATE analyses SET state = 'completed', result = '{}' WHERE id = $1::uuid")
+        .bind(&analysis)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let r = s.http.post_json("/v1/specviews", &key, &body).await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    let accepted = r.json();
+    assert_eq!(accepted["job"]["queue"], "specview_default");
+    let specview = accepted["specview_id"].as_str().unwrap().to_owned();
+    let (args,): (Value,) = sqlx::query_as("SELECT args FROM fairlane_job WHERE id = $1")
+        .bind(accepted["job"]["id"].as_i64().unwrap())
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(args["specview_id"], specview);
+    let usage = s.http.get("/v1/usage", &key).await.json();
+    assert_eq!(usage["usage"][1]["event_type"], "specview");
+    assert_eq!(usage["usage"][1]["reserved"], 1);
+    assert_eq!(usage["usage"][1]["limit"], 5);
+
+    let path = format!("/v1/specviews/{specview}");
+    let view = s.http.get(&path, &key).await.json();
+    assert_eq!(view["state"], "pending");
+    let auth = format!("Bearer {key}");
+    let md_headers = [
+        ("authorization", auth.as_str()),
+        ("accept", "text/markdown"),
+    ];
+    s.http
+        .send(Method::GET, &path, &md_headers, None)
+        .await
+        .problem(409, "conflict");
+    sqlx::query(
+        "UPDATE specviews SET state = 'completed', markdown = '# Spec' WHERE id = $1::uuid",
+    )
+    .bind(&specview)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let md = s.http.send(Method::GET, &path, &md_headers, None).await;
+    assert_eq!(md.status, 200);
+    assert_eq!(
+        md.header("content-type"),
+        Some("text/markdown; charset=utf-8")
+    );
+    assert_eq!(md.text(), "# Spec");
+    s.http.get(&path, &other).await.problem(404, "not_found");
+    // The free tier's five specviews: four more fit, the sixth does not.
+    for _ in 0..4 {
+        assert_eq!(
+            s.http.post_json("/v1/specviews", &key, &body).await.status,
+            202
+        );
+    }
+    let refused = s.http.post_json("/v1/specviews", &key, &body).await;
+    let p = refused.problem(429, "quota_exceeded");
+    assert_eq!(
+        (p["limit"].clone(), p["reserved"].clone()),
+        (json!(5), json!(5))
+    );
+    assert_eq!(p["event_type"], "specview");
+    s.stop().await;
+}
+
+fn git(dir: &std::path::Path, args: &[&str]) -> String {
+    let out = std::process::Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@example.com")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@example.com")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+#[tokio::test]
+async fn branch_and_tag_refs_resolve_against_the_repository() {
+    let db = TestDb::new().await;
+    let s = start(&db).await;
+    let (_, key) = user_with_key(&db.pool, "pro").await;
+    let dir = std::env::temp_dir().join(format!(
+        "fairlane-web-repo-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    git(&dir, &["init", "-q", "-b", "main"]);
+    std::fs::write(dir.join("lib_test.go"), "package x\n").unwrap();
+    git(&dir, &["add", "."]);
+    git(&dir, &["commit", "-q", "-m", "one"]);
+    git(&dir, &["tag", "v1"]);
+    let head = git(&dir, &["rev-parse", "HEAD"]);
+    let url = format!("file://{}", dir.display());
+    for git_ref in [Some("main"), Some("v1"), None] {
+        let r = s
+            .http
+            .post_json(
+                "/v1/analyses",
+                &key,
+                &json!({"repository": url, "ref": git_ref}),
+            )
+            .await;
+        assert!(
+            r.status == 202 || r.status == 200,
+            "{git_ref:?}: {}",
+            r.text()
+        );
+        let body = r.json();
+        assert_eq!(body["commit"], head, "{git_ref:?}");
+    }
+    let r = s
+        .http
+        .post_json(
+            "/v1/analyses",
+            &key,
+            &json!({"repository": url, "ref": "nope"}),
+        )
+        .await;
+    assert!(
+        r.problem(422, "ref_not_found")["detail"]
+            .as_str()
+            .unwrap()
+            .contains("nope")
+    );
+    let r = s
+        .http
+        .post_json(
+            "/v1/analyses",
+            &key,
+            &json!({"repository": "file:///nonexistent/fairlane-repo", "ref": "main"}),
+        )
+        .await;
+    r.problem(422, "repository_not_found");
+    std::fs::remove_dir_all(&dir).unwrap();
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn operational_endpoints() {
+    let db = TestDb::new().await;
+    let s = start(&db).await;
+    let get = |p: &'static str| s.http.send(Method::GET, p, &[], None);
+    let h = get("/healthz").await;
+    assert_eq!(
+        (h.status.as_u16(), h.json()["status"].clone()),
+        (200, json!("ok"))
+    );
+    let r = get("/readyz").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let m = get("/metrics").await;
+    assert_eq!(m.status, 200);
+    assert!(m.header("content-type").unwrap().starts_with("text/plain"));
+    let o = get("/openapi.json").await;
+    assert_eq!(o.header("content-type"), Some("application/json"));
+    let doc = o.json();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    assert!(doc["paths"]["/v1/analyses"]["post"].is_object());
+    let d = get("/docs").await;
+    assert!(d.header("content-type").unwrap().starts_with("text/html"));
+    assert!(d.text().contains("/v1/analyses") && !d.text().contains("<script"));
+    get("/nope").await.problem(404, "not_found");
+    s.http
+        .send(Method::PUT, "/v1/usage", &[], None)
+        .await
+        .problem(405, "method_not_allowed");
+    // Readiness notices missing migrations.
+    sqlx::query(
+        "DELETE FROM _sqlx_migrations WHERE version = (SELECT max(version) FROM _sqlx_migrations)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let body = get("/readyz").await.problem(503, "not_ready");
+    assert!(body["detail"].as_str().unwrap().contains("web migrate"));
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn admin_endpoints_manage_users_tiers_and_keys() {
+    let db = TestDb::new().await;
+    let s = start(&db).await;
+    let admin = format!("Bearer {ADMIN_TOKEN}");
+    let h = [
+        ("authorization", admin.as_str()),
+        ("content-type", "application/json"),
+    ];
+    let created = s
+        .http
+        .send(
+            Method::POST,
+            "/admin/users",
+            &h,
+            Some(br#"{"name":"Ada","tier":"free"}"#.to_vec()),
+        )
+        .await;
+    assert_eq!(created.status, 201, "{}", created.text());
+    let user = created.json();
+    let id = user["id"].as_str().unwrap().to_owned();
+    assert_eq!(user["tier"], "free");
+    let patched = s
+        .http
+        .send(
+            Method::PATCH,
+            &format!("/admin/users/{id}"),
+            &h,
+            Some(br#"{"tier":"pro_plus"}"#.to_vec()),
+        )
+        .await
+        .json();
+    assert_eq!(patched["tier"], "pro_plus");
+    let issued = s
+        .http
+        .send(Method::POST, &format!("/admin/users/{id}/keys"), &h, None)
+        .await;
+    assert_eq!(issued.status, 201);
+    let key = issued.json()["key"].as_str().unwrap().to_owned();
+    let usage = s.http.get("/v1/usage", &key).await.json();
+    assert_eq!(usage["tier"], "pro_plus");
+    assert_eq!(usage["usage"][0]["limit"], 3000);
+    // The stored form is a hash, never the key.
+    let (hash,): (Vec<u8>,) = sqlx::query_as("SELECT key_hash FROM api_keys")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(hash.len(), 32);
+    assert!(!String::from_utf8_lossy(&hash).contains(&key[20..]));
+    // Wrong or missing admin token.
+    let wrong = [
+        ("authorization", "Bearer nope"),
+        ("content-type", "application/json"),
+    ];
+    s.http
+        .send(
+            Method::POST,
+            "/admin/users",
+            &wrong,
+            Some(br#"{"name":"x","tier":"free"}"#.to_vec()),
+        )
+        .await
+        .problem(401, "unauthorized");
+    // A user's API key is not an admin token.
+    let as_user = format!("Bearer {key}");
+    s.http
+        .send(
+            Method::POST,
+            &format!("/admin/users/{id}/keys"),
+            &[("authorization", &as_user)],
+            None,
+        )
+        .await
+        .problem(401, "unauthorized");
+    s.http
+        .send(
+            Method::PATCH,
+            &format!("/admin/users/{}", uuid::Uuid::new_v4()),
+            &h,
+            Some(br#"{"tier":"pro"}"#.to_vec()),
+        )
+        .await
+        .problem(404, "not_found");
+    s.http
+        .send(Method::DELETE, "/admin/keys/0000000000000000", &h, None)
+        .await
+        .problem(404, "not_found");
+    assert_eq!(count(&db.pool, "users").await, 1);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn admin_api_is_disabled_without_a_token() {
+    let db = TestDb::new().await;
+    let mut c = config(&db);
+    c.admin_token = None;
+    let s = TestServer::start(c).await;
+    s.http
+        .send(
+            Method::POST,
+            "/admin/users",
+            &[
+                ("authorization", "Bearer x"),
+                ("content-type", "application/json"),
+            ],
+            Some(br#"{"name":"x","tier":"free"}"#.to_vec()),
+        )
+        .await
+        .problem(403, "forbidden");
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_past_the_timeout_is_a_503_and_rolled_back() {
+    let db = TestDb::new().await;
+    let mut c = config(&db);
+    c.http_request_timeout = Duration::from_millis(500);
+    let s = TestServer::start(c).await;
+    let (user, key) = user_with_key(&db.pool, "pro").await;
+    // Hold the user's row: the request waits inside its transaction until the timeout.
+    let mut blocker = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM users WHERE id = $1 FOR UPDATE")
+        .bind(user)
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let r = s
+        .http
+        .post_json("/v1/analyses", &key, &analysis_body(1))
+        .await;
+    let body = r.problem(503, "timeout");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains("nothing was changed")
+    );
+    blocker.rollback().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(written_rows(&db.pool).await, [0, 0, 0, 0, 0]);
+    // The server is fine afterwards.
+    assert_eq!(
+        s.http
+            .post_json("/v1/analyses", &key, &analysis_body(1))
+            .await
+            .status,
+        202
+    );
+    s.stop().await;
+}

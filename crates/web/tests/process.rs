@@ -1,0 +1,182 @@
+//! The `web` binary as a process: graceful shutdown on SIGTERM with a request in flight, trace
+//! context carried into the enqueued job, and the `migrate` and `admin` subcommands.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::process::Command;
+use std::time::Duration;
+
+use http::Method;
+use serde_json::Value;
+use support::{analysis_body, spawn_web, user_with_key};
+use testkit::TestDb;
+
+fn web(db: &TestDb, args: &[&str]) -> (bool, Value, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_web"))
+        .args(args)
+        .env("DATABASE_URL", db.url())
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let json = serde_json::from_str(&stdout).unwrap_or(Value::Null);
+    (
+        out.status.success(),
+        json,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_the_request_in_flight_and_exits_zero() {
+    let db = TestDb::new().await;
+    let (mut child, http) = spawn_web(&db, &[]).await;
+    let (user, key) = user_with_key(&db.pool, "pro").await;
+    // Hold the user's row so the request blocks inside its transaction.
+    let mut blocker = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM users WHERE id = $1 FOR UPDATE")
+        .bind(user)
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let request = {
+        let http = http.clone();
+        let key = key.clone();
+        tokio::spawn(async move {
+            http.post_json("/v1/analyses", &key, &analysis_body(1))
+                .await
+        })
+    };
+    // Wait until the request is waiting for the lock.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (waiting,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the request never blocked"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    child.signal(nix::sys::signal::Signal::SIGTERM);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        child.is_running(),
+        "web must wait for the request in flight"
+    );
+    // New connections are no longer accepted.
+    assert!(
+        http.try_send(Method::GET, "/healthz", &[], None)
+            .await
+            .is_err()
+    );
+    blocker.rollback().await.unwrap();
+    let response = request.await.unwrap();
+    assert_eq!(response.status, 202, "{}", response.text());
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("web did not exit");
+    assert!(status.success(), "exit status {status:?}");
+}
+
+#[tokio::test]
+async fn the_request_trace_continues_into_the_job_and_metrics_are_exported() {
+    let db = TestDb::new().await;
+    let (_child, http) = spawn_web(
+        &db,
+        &[
+            ("RUST_LOG", "info".to_owned()),
+            ("QUOTA_ANALYSIS_FREE_LIMIT", "1".to_owned()),
+        ],
+    )
+    .await;
+    let (_, key) = user_with_key(&db.pool, "free").await;
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let traceparent = format!("00-{trace_id}-00f067aa0ba902b7-01");
+    let auth = format!("Bearer {key}");
+    let r = http
+        .send(
+            Method::POST,
+            "/v1/analyses",
+            &[
+                ("authorization", &auth),
+                ("content-type", "application/json"),
+                ("traceparent", &traceparent),
+            ],
+            Some(serde_json::to_vec(&analysis_body(2)).unwrap()),
+        )
+        .await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    let (metadata,): (Value,) = sqlx::query_as("SELECT metadata FROM fairlane_job")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let stored = metadata["trace"]["traceparent"].as_str().unwrap();
+    assert!(stored.starts_with(&format!("00-{trace_id}-")), "{stored}");
+    assert_ne!(
+        stored, traceparent,
+        "the job's parent is the request's own span"
+    );
+}
+
+#[tokio::test]
+async fn migrate_and_admin_subcommands() {
+    let db = TestDb::new().await;
+    let (ok, _, err) = web(&db, &["migrate"]);
+    assert!(ok, "{err}");
+
+    let (ok, user, err) = web(
+        &db,
+        &["admin", "create-user", "--name", "Grace", "--tier", "pro"],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(user["tier"], "pro");
+    let id = user["id"].as_str().unwrap().to_owned();
+
+    let (ok, user, err) = web(
+        &db,
+        &["admin", "set-tier", "--user", &id, "--tier", "enterprise"],
+    );
+    assert!(ok, "{err}");
+    assert_eq!(user["tier"], "enterprise");
+
+    let (ok, key, err) = web(&db, &["admin", "issue-key", "--user", &id]);
+    assert!(ok, "{err}");
+    let secret = key["key"].as_str().unwrap().to_owned();
+    let key_id = key["key_id"].as_str().unwrap().to_owned();
+    assert!(secret.starts_with("flk_") && secret.contains(&key_id));
+
+    let (ok, revoked, err) = web(&db, &["admin", "revoke-key", "--key-id", &key_id]);
+    assert!(ok, "{err}");
+    assert!(revoked["revoked_at"].is_string());
+
+    let (ok, _, err) = web(
+        &db,
+        &["admin", "create-user", "--name", "X", "--tier", "gold"],
+    );
+    assert!(!ok);
+    assert!(err.contains("unknown tier `gold`"), "{err}");
+    let (ok, _, err) = web(
+        &db,
+        &[
+            "admin",
+            "set-tier",
+            "--user",
+            &uuid::Uuid::new_v4().to_string(),
+            "--tier",
+            "pro",
+        ],
+    );
+    assert!(!ok);
+    assert!(err.contains("no user"), "{err}");
+}

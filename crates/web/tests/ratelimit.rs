@@ -1,0 +1,148 @@
+//! Rate limiting through the HTTP API: limit headers on allowed responses, a complete 429 when
+//! over, anonymous callers limited per address, and two `web` processes sharing Redis never
+//! letting one user through more often than the limit.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::path::PathBuf;
+
+use http::Method;
+use support::{TestServer, config, spawn_web, user_with_key};
+use testkit::TestDb;
+
+/// A rules file unique to this test: per user `per_user` a day, per anonymous address
+/// `per_ip` a day (fixed windows; a day so that no test straddles a window edge in practice).
+fn rules(per_user: u32, per_ip: u32) -> PathBuf {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let path = std::env::temp_dir().join(format!("fairlane-web-rules-{id}.yaml"));
+    std::fs::write(
+        &path,
+        format!(
+            "domain: webtest{id}\n\
+             descriptors:\n\
+             \x20 - key: user_id\n\
+             \x20   rate_limit: {{unit: day, requests_per_unit: {per_user}, algorithm: fixed_window}}\n\
+             \x20 - key: tier\n\
+             \x20   value: anonymous\n\
+             \x20   descriptors:\n\
+             \x20     - key: remote_address\n\
+             \x20       rate_limit: {{unit: day, requests_per_unit: {per_ip}, algorithm: fixed_window}}\n"
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn assert_limit_headers(r: &support::Resp, limit: u64) {
+    assert_eq!(
+        r.header("x-ratelimit-limit"),
+        Some(limit.to_string().as_str()),
+        "{:?}",
+        r.headers
+    );
+    let remaining: u64 = r.header("x-ratelimit-remaining").unwrap().parse().unwrap();
+    assert!(remaining <= limit);
+    let reset: u64 = r.header("x-ratelimit-reset").unwrap().parse().unwrap();
+    assert!((1..=86_400).contains(&reset));
+    let policy = r.header("ratelimit-policy").unwrap();
+    assert!(policy.ends_with(&format!(";q={limit};w=86400")), "{policy}");
+    let field = r.header("ratelimit").unwrap();
+    assert!(
+        field.contains(&format!(";r={remaining};t={reset}")),
+        "{field}"
+    );
+}
+
+#[tokio::test]
+async fn headers_on_allowed_responses_and_a_complete_429() {
+    let db = TestDb::new().await;
+    let mut c = config(&db);
+    c.ratelimit_enabled = true;
+    c.ratelimit_rules = rules(5, 3).display().to_string();
+    let s = TestServer::start(c).await;
+    let (_, key) = user_with_key(&db.pool, "free").await;
+    for n in 0..5u64 {
+        let r = s.http.get("/v1/usage", &key).await;
+        assert_eq!(r.status, 200);
+        assert_limit_headers(&r, 5);
+        assert_eq!(
+            r.header("x-ratelimit-remaining"),
+            Some((4 - n).to_string().as_str())
+        );
+    }
+    let r = s.http.get("/v1/usage", &key).await;
+    let body = r.problem(429, "rate_limited");
+    assert_limit_headers(&r, 5);
+    assert_eq!(r.header("x-ratelimit-remaining"), Some("0"));
+    let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=86_400).contains(&retry));
+    assert_eq!(body["retry_after"], retry);
+    // Another user has their own budget.
+    let (_, other) = user_with_key(&db.pool, "free").await;
+    assert_eq!(s.http.get("/v1/usage", &other).await.status, 200);
+    // Unauthenticated (and bad-key) requests are limited per address, and still get a 401.
+    for _ in 0..3 {
+        let r = s.http.send(Method::GET, "/v1/usage", &[], None).await;
+        r.problem(401, "unauthorized");
+        assert_limit_headers(&r, 3);
+    }
+    s.http
+        .get("/v1/usage", "bogus")
+        .await
+        .problem(429, "rate_limited");
+    // Operational endpoints are not limited.
+    for _ in 0..5 {
+        assert_eq!(
+            s.http.send(Method::GET, "/healthz", &[], None).await.status,
+            200
+        );
+    }
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_processes_sharing_redis_never_exceed_the_limit() {
+    let db = TestDb::new().await;
+    let rules = rules(20, 1000);
+    let env = [
+        ("RATELIMIT_ENABLED", "true".to_owned()),
+        ("RATELIMIT_RULES", rules.display().to_string()),
+        ("REDIS_URL", testkit::redis_url()),
+        ("RATELIMIT_DEADLINE", "2s".to_owned()),
+    ];
+    let (_a, a) = spawn_web(&db, &env).await;
+    let (_b, b) = spawn_web(&db, &env).await;
+    let (_, key) = user_with_key(&db.pool, "pro").await;
+    let mut tasks = Vec::new();
+    for i in 0..100 {
+        let http = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let key = key.clone();
+        tasks.push(tokio::spawn(
+            async move { http.get("/v1/usage", &key).await },
+        ));
+    }
+    let mut allowed = [0u32; 2];
+    let mut limited = 0;
+    for (i, t) in tasks.into_iter().enumerate() {
+        let r = t.await.unwrap();
+        match r.status.as_u16() {
+            200 => allowed[i % 2] += 1,
+            429 => {
+                r.problem(429, "rate_limited");
+                limited += 1;
+            }
+            other => panic!("unexpected {other}: {}", r.text()),
+        }
+    }
+    assert_eq!(
+        allowed[0] + allowed[1],
+        20,
+        "allowed per process: {allowed:?}"
+    );
+    assert_eq!(limited, 80);
+    // Still limited afterwards, through either process.
+    a.get("/v1/usage", &key).await.problem(429, "rate_limited");
+    b.get("/v1/usage", &key).await.problem(429, "rate_limited");
+}
