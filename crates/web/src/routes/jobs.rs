@@ -41,7 +41,7 @@ async fn owned_job(state: &AppState, user: &AuthUser, id: i64) -> Result<JobRow,
     let row: Option<JobRow> =
         sqlx::query_as("SELECT * FROM fairlane_job WHERE id = $1 AND user_id = $2")
             .bind(id)
-            .bind(user.user_id.to_string())
+            .bind(user.user_id)
             .fetch_optional(&state.pool)
             .await?;
     row.ok_or_else(|| Problem::not_found(format!("no job `{id}`")))
@@ -85,7 +85,7 @@ pub async fn cancel(
     let owned: Option<(i64,)> =
         sqlx::query_as("SELECT id FROM fairlane_job WHERE id = $1 AND user_id = $2")
             .bind(id)
-            .bind(user.user_id.to_string())
+            .bind(user.user_id)
             .fetch_optional(&mut *tx)
             .await?;
     if owned.is_none() {
