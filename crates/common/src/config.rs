@@ -8,6 +8,7 @@
 use std::path::Path;
 
 use serde::{Serialize, de::DeserializeOwned};
+use serde_json::{Map, Value};
 
 /// A configuration that could not be assembled, naming where the bad value came from.
 #[derive(Debug, thiserror::Error)]
@@ -18,8 +19,14 @@ pub enum ConfigError {
         #[source]
         source: config::ConfigError,
     },
+    #[error("environment variable {name}={value:?}: {problem}")]
+    Env {
+        name: String,
+        value: String,
+        problem: String,
+    },
     #[error("invalid configuration: {0}")]
-    Invalid(#[source] config::ConfigError),
+    Invalid(String),
 }
 
 /// Loads `T`: its `Default` first, then the TOML file at `file` (if given; it must exist), then
@@ -33,54 +40,85 @@ where
 }
 
 /// [`load`] with an explicit environment, for tests and for tools that build child environments.
+///
+/// An environment value takes the JSON type of the field's default: numbers and booleans are
+/// parsed (and refused with a message naming the variable when they do not parse); everything
+/// else — strings, durations such as `30s`, optional settings — is kept as the exact text, so a
+/// token like `0123` stays `0123`.
 pub fn load_from<T, I>(file: Option<&Path>, env: I) -> Result<T, ConfigError>
 where
     T: Default + Serialize + DeserializeOwned,
     I: IntoIterator<Item = (String, String)>,
 {
-    let defaults = config::Config::try_from(&T::default()).map_err(ConfigError::Invalid)?;
-    let mut builder = config::Config::builder().add_source(defaults);
+    let defaults = serde_json::to_value(T::default()).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+    let Value::Object(mut merged) = defaults else {
+        return Err(ConfigError::Invalid("a configuration must be a struct".into()));
+    };
+    let types = merged.clone();
     if let Some(path) = file {
-        let display = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
-            path: display.clone(),
-            source: config::ConfigError::Foreign(Box::new(e)),
-        })?;
-        let parsed = config::Config::builder()
-            .add_source(config::File::from_str(&text, config::FileFormat::Toml))
-            .build()
-            .map_err(|source| ConfigError::File {
-                path: display,
-                source,
-            })?;
-        builder = builder.add_source(parsed);
+        for (key, value) in read_file(path)? {
+            merged.insert(key, value);
+        }
     }
-    // Only variables whose lower-case name is a field of T can matter; passing the rest would let
-    // an unrelated variable (say `PATH`) fail a struct that denies unknown fields.
-    let known = field_names::<T>()?;
-    let env_source: config::Map<String, String> = env
-        .into_iter()
-        .map(|(k, v)| (k.to_ascii_lowercase(), v))
-        .filter(|(k, v)| known.iter().any(|f| f == k) && !v.is_empty())
-        .collect();
-    let env = config::Environment::default()
-        .source(Some(env_source))
-        .try_parsing(true);
-    builder
-        .add_source(env)
-        .build()
-        .and_then(config::Config::try_deserialize)
-        .map_err(ConfigError::Invalid)
+    for (name, text) in env {
+        let key = name.to_ascii_lowercase();
+        let Some(default) = types.get(&key) else { continue };
+        if text.is_empty() {
+            continue;
+        }
+        merged.insert(key, typed(&name, &text, default)?);
+    }
+    serde_json::from_value(Value::Object(merged)).map_err(|e| ConfigError::Invalid(e.to_string()))
 }
 
-/// The top-level field names of `T`, read off its serialized default.
-fn field_names<T: Default + Serialize>() -> Result<Vec<String>, ConfigError> {
-    let value = serde_json::to_value(T::default())
-        .map_err(|e| ConfigError::Invalid(config::ConfigError::Foreign(Box::new(e))))?;
-    Ok(value
-        .as_object()
-        .map(|o| o.keys().cloned().collect())
-        .unwrap_or_default())
+/// The TOML file's top-level keys as JSON values.
+fn read_file(path: &Path) -> Result<Map<String, Value>, ConfigError> {
+    let display = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
+        path: display.clone(),
+        source: config::ConfigError::Foreign(Box::new(e)),
+    })?;
+    config::Config::builder()
+        .add_source(config::File::from_str(&text, config::FileFormat::Toml))
+        .build()
+        .and_then(config::Config::try_deserialize::<Map<String, Value>>)
+        .map_err(|source| ConfigError::File {
+            path: display,
+            source,
+        })
+}
+
+/// `text` as the JSON type of `default`.
+fn typed(name: &str, text: &str, default: &Value) -> Result<Value, ConfigError> {
+    let refuse = |problem: &str| ConfigError::Env {
+        name: name.to_owned(),
+        value: text.to_owned(),
+        problem: problem.to_owned(),
+    };
+    match default {
+        Value::Bool(_) => match text.trim().to_ascii_lowercase().as_str() {
+            "true" | "1" | "yes" | "on" => Ok(Value::Bool(true)),
+            "false" | "0" | "no" | "off" => Ok(Value::Bool(false)),
+            _ => Err(refuse("expected true or false")),
+        },
+        Value::Number(n) => {
+            let t = text.trim();
+            if n.is_f64() {
+                t.parse::<f64>()
+                    .ok()
+                    .and_then(serde_json::Number::from_f64)
+                    .map(Value::Number)
+                    .ok_or_else(|| refuse("expected a number"))
+            } else if let Ok(i) = t.parse::<u64>() {
+                Ok(Value::from(i))
+            } else if let Ok(i) = t.parse::<i64>() {
+                Ok(Value::from(i))
+            } else {
+                Err(refuse("expected a whole number"))
+            }
+        }
+        _ => Ok(Value::String(text.to_owned())),
+    }
 }
 
 #[cfg(test)]
@@ -144,6 +182,9 @@ mod tests {
         assert_eq!(s.fairness_free_limit, 2);
         assert!(!s.fairness_enabled);
         assert_eq!(s.label, "12345", "numeric-looking env values stay strings");
+        let s: Sample = load_from(None, env(&[("LABEL", "0123"), ("FAIRNESS_ENABLED", "0")])).unwrap();
+        assert_eq!(s.label, "0123", "text is taken verbatim, leading zeros and all");
+        assert!(!s.fairness_enabled);
         std::fs::remove_dir_all(dir).unwrap();
     }
 
@@ -152,7 +193,14 @@ mod tests {
         let err = load_from::<Sample, _>(None, env(&[("FAIRNESS_FREE_LIMIT", "lots")]))
             .unwrap_err()
             .to_string();
-        assert!(err.contains("fairness_free_limit"), "{err}");
+        assert!(
+            err.contains("FAIRNESS_FREE_LIMIT") && err.contains("whole number"),
+            "{err}"
+        );
+        let err = load_from::<Sample, _>(None, env(&[("FAIRNESS_ENABLED", "maybe")]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("FAIRNESS_ENABLED") && err.contains("true or false"), "{err}");
 
         let missing = Path::new("/nonexistent/fairlane.toml");
         let err = load_from::<Sample, _>(Some(missing), env(&[]))

@@ -5,28 +5,23 @@
 use std::path::Path;
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Serialize};
 
 /// Everything `web` reads at start-up.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct WebConfig {
     /// PostgreSQL URL.
-    #[serde(deserialize_with = "text")]
     pub database_url: String,
     /// Most pooled database connections.
     pub database_max_connections: u32,
     /// Address the HTTP server listens on.
-    #[serde(deserialize_with = "text")]
     pub http_addr: String,
     /// Bearer token of the admin API; unset disables it (every admin call is refused).
-    #[serde(deserialize_with = "optional_text")]
     pub admin_token: Option<String>,
     /// Redis for the shared rate limiter; unset uses an in-memory limiter per process.
-    #[serde(deserialize_with = "optional_text")]
     pub redis_url: Option<String>,
     /// Rate limit rules file (Envoy format, see docs/ratelimit.md).
-    #[serde(deserialize_with = "text")]
     pub ratelimit_rules: String,
     /// Turns rate limiting off altogether (benchmarks, local debugging).
     pub ratelimit_enabled: bool,
@@ -43,37 +38,16 @@ pub struct WebConfig {
     /// Cap on resolving a branch or tag to a commit (`git ls-remote`), DNS included.
     #[serde(with = "humantime_serde")]
     pub resolve_timeout: Duration,
-    /// `QUOTA_*` settings (loaded separately, see [`WebConfig::load`]).
-    #[serde(skip)]
+    /// `QUOTA_*` settings.
+    #[serde(flatten)]
     pub quota: quota::QuotaConfig,
-    /// `RUST_LOG`, `LOG_FORMAT`, `OTEL_*` … (loaded separately).
-    #[serde(skip, default = "web_telemetry")]
+    /// `RUST_LOG`, `LOG_FORMAT`, `OTEL_*` …
+    #[serde(flatten)]
     pub telemetry: telemetry::TelemetryConfig,
 }
 
 fn web_telemetry() -> telemetry::TelemetryConfig {
     telemetry::TelemetryConfig::for_service("fairlane-web", env!("CARGO_PKG_VERSION"))
-}
-
-/// The embedded sections, loaded from the same file and environment. Kept apart from the
-/// service's own fields because `flatten` loses the loader's string conversion: an all-digit
-/// `ADMIN_TOKEN` such as `0123` would arrive as the number 123.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default)]
-struct Embedded {
-    #[serde(flatten)]
-    quota: quota::QuotaConfig,
-    #[serde(flatten)]
-    telemetry: telemetry::TelemetryConfig,
-}
-
-impl Default for Embedded {
-    fn default() -> Self {
-        Embedded {
-            quota: quota::QuotaConfig::default(),
-            telemetry: web_telemetry(),
-        }
-    }
 }
 
 impl Default for WebConfig {
@@ -108,57 +82,8 @@ impl WebConfig {
         file: Option<&Path>,
         env: Vec<(String, String)>,
     ) -> Result<WebConfig, Box<common::config::ConfigError>> {
-        let mut config: WebConfig =
-            common::config::load_from(file, env.clone()).map_err(Box::new)?;
-        let embedded: Embedded = common::config::load_from(file, env.clone()).map_err(Box::new)?;
-        config.quota = embedded.quota;
-        config.telemetry = embedded.telemetry;
-        // The loader parses numeric-looking environment values as numbers, which turns an
-        // ADMIN_TOKEN of `0123` into `123`: take the free-text variables verbatim.
-        for (name, value) in env {
-            if value.is_empty() {
-                continue;
-            }
-            match name.as_str() {
-                "DATABASE_URL" => config.database_url = value,
-                "HTTP_ADDR" => config.http_addr = value,
-                "ADMIN_TOKEN" => config.admin_token = Some(value),
-                "REDIS_URL" => config.redis_url = Some(value),
-                "RATELIMIT_RULES" => config.ratelimit_rules = value,
-                _ => {}
-            }
-        }
-        Ok(config)
+        common::config::load_from(file, env).map_err(Box::new)
     }
-}
-
-/// A string the loader may hand over as a number or boolean (defence in depth; without
-/// `flatten` the loader converts back itself).
-fn text<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged)]
-    enum Scalar {
-        S(String),
-        I(i64),
-        U(u64),
-        F(f64),
-        B(bool),
-    }
-    Ok(match Scalar::deserialize(d)? {
-        Scalar::S(s) => s,
-        Scalar::I(i) => i.to_string(),
-        Scalar::U(u) => u.to_string(),
-        Scalar::F(f) => f.to_string(),
-        Scalar::B(b) => b.to_string(),
-    })
-}
-
-fn optional_text<'de, D: Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
-    #[derive(Deserialize)]
-    struct Wrap(#[serde(deserialize_with = "text")] String);
-    Ok(Option::<Wrap>::deserialize(d)?
-        .map(|Wrap(s)| s)
-        .filter(|s| !s.is_empty()))
 }
 
 #[cfg(test)]
