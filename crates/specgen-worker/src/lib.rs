@@ -60,7 +60,8 @@ pub async fn run(
             config.specgen_queue_scheduled_workers,
         ],
         workers,
-        hooks: Vec::new(),
+        // Bill on success, release on final failure or cancel, in the job's own transaction.
+        hooks: vec![std::sync::Arc::new(quota::QuotaHook::new())],
     };
     workerkit::run(&config.worker, spec, pool, shutdown).await
 }
