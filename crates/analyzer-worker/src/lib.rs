@@ -64,26 +64,35 @@ pub fn hooks() -> Vec<Arc<dyn TransitionHook>> {
     ]
 }
 
-/// Removes checkout folders left under the work directory by processes that no longer run
-/// (a `kill -9`, an OOM kill, a node restart). Runs at start, before any job is fetched.
-pub async fn sweep_checkouts(settings: &AnalysisSettings) {
+/// Creates the work directory if needed (a directory that cannot be created is a configuration
+/// error, reported at start rather than by every job) and removes checkout folders left there by
+/// processes that no longer run (a `kill -9`, an OOM kill, a node restart). Runs at start, before
+/// any job is fetched.
+pub async fn prepare_work_dir(settings: &AnalysisSettings) -> Result<(), WorkerError> {
     let root = settings.analyzer_work_dir.clone();
-    let swept = tokio::task::spawn_blocking(move || inventory::sweep_stale(&root)).await;
-    match swept {
-        Ok(Ok(report)) if !report.removed.is_empty() => tracing::info!(
+    let prepared = tokio::task::spawn_blocking(move || {
+        std::fs::create_dir_all(&root).map_err(|e| {
+            WorkerError::Config(format!("ANALYZER_WORK_DIR `{}`: {e}", root.display()))
+        })?;
+        Ok::<_, WorkerError>(inventory::sweep_stale(&root))
+    })
+    .await
+    .map_err(|e| WorkerError::Config(format!("preparing ANALYZER_WORK_DIR: {e}")))?;
+    match prepared? {
+        Ok(report) if !report.removed.is_empty() => tracing::info!(
             removed = report.removed.len(),
             kept = report.kept.len(),
             work_dir = %settings.analyzer_work_dir.display(),
             "removed checkout folders of processes that no longer run"
         ),
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => tracing::warn!(
+        Ok(_) => {}
+        Err(e) => tracing::warn!(
             error = %e,
             work_dir = %settings.analyzer_work_dir.display(),
             "could not sweep stale checkout folders"
         ),
-        Err(e) => tracing::warn!(error = %e, "the checkout sweep did not finish"),
     }
+    Ok(())
 }
 
 /// Runs the service until `shutdown`, then drains.
@@ -93,7 +102,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), WorkerError> {
     config.analysis.validate().map_err(WorkerError::Config)?;
-    sweep_checkouts(&config.analysis).await;
+    prepare_work_dir(&config.analysis).await?;
     let mut workers = Workers::new();
     workers.register(AnalysisWorker::new(pool.clone(), config.analysis.clone()));
     if config.worker.worker_sleep_jobs {
@@ -116,6 +125,34 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_work_dir_that_cannot_be_created_is_a_configuration_error() {
+        let file = std::env::temp_dir().join(format!(
+            "fairlane-analyzer-workdir-test-{}",
+            std::process::id()
+        ));
+        std::fs::write(&file, "not a directory").unwrap();
+        let settings = AnalysisSettings {
+            analyzer_work_dir: file.join("checkouts"),
+            ..AnalysisSettings::default()
+        };
+        let err = prepare_work_dir(&settings).await.unwrap_err().to_string();
+        std::fs::remove_file(&file).unwrap();
+        assert!(
+            err.starts_with("invalid configuration: ANALYZER_WORK_DIR `"),
+            "{err}"
+        );
+
+        let dir = file.with_extension("dir");
+        let fine = AnalysisSettings {
+            analyzer_work_dir: dir.join("nested/checkouts"),
+            ..AnalysisSettings::default()
+        };
+        prepare_work_dir(&fine).await.unwrap();
+        assert!(dir.join("nested/checkouts").is_dir());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     use super::*;
 

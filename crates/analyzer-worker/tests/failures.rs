@@ -15,7 +15,7 @@ use common::{AnalysisArgs, Service, Tier, select_queue};
 use queue::NewJob;
 use serde_json::{Value, json};
 use support::{
-    Api, Fixture, TempDir, Web, billing_rows, job_billing, job_state, kill_orphaned_git,
+    Api, Fixture, OrphanedGit, TempDir, Web, billing_rows, job_billing, job_state,
     processes_mentioning, random_bytes, spawn_worker, worker_env,
 };
 use testkit::TestDb;
@@ -153,6 +153,7 @@ async fn heavy_a_worker_killed_mid_fetch_is_swept_at_restart_and_the_job_ends_cl
     repo.write("a_test.go", "package a\n");
     let commit = repo.commit("a");
     repo.stall(&commit);
+    let _orphans = OrphanedGit::of(&repo);
     let work = TempDir::new("kill-work");
     let web = Web::start(&db).await;
     let (_, api) = web.user(&db.pool, "pro").await;
@@ -208,7 +209,6 @@ async fn heavy_a_worker_killed_mid_fetch_is_swept_at_restart_and_the_job_ends_cl
     assert_eq!(work.entries(), Vec::<String>::new());
 
     assert!(survivor.terminate(Duration::from_secs(30)).await.success());
-    kill_orphaned_git(&repo);
     web.stop().await;
 }
 

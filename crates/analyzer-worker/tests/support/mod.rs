@@ -183,15 +183,29 @@ pub fn processes_mentioning(needle: &str) -> Vec<(i32, String)> {
     found
 }
 
-/// Kills, by pid, the git processes a `kill -9`ed worker left behind on `fixture` (they sit in
-/// their own process group, blocked on the stalled object).
-pub fn kill_orphaned_git(fixture: &Fixture) {
-    let needle = fixture.path().display().to_string();
-    for (pid, _) in processes_mentioning(&needle) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        );
+/// Kills, by pid, the git processes that a `kill -9`ed worker left behind on a fixture (they
+/// sit in their own process group, blocked on the stalled object), when dropped — also when the
+/// test fails half-way.
+pub struct OrphanedGit {
+    needle: String,
+}
+
+impl OrphanedGit {
+    pub fn of(fixture: &Fixture) -> OrphanedGit {
+        OrphanedGit {
+            needle: fixture.path().display().to_string(),
+        }
+    }
+}
+
+impl Drop for OrphanedGit {
+    fn drop(&mut self) {
+        for (pid, _) in processes_mentioning(&self.needle) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
     }
 }
 
