@@ -445,3 +445,39 @@ async fn heavy_cancelling_a_running_analysis_kills_git_and_removes_its_checkout(
     assert!(worker.terminate(Duration::from_secs(30)).await.success());
     web.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heavy_a_scan_over_its_time_cap_fails_and_still_removes_the_checkout() {
+    let db = TestDb::new().await;
+    // 4,000 test files take far longer than a millisecond to walk, read and lex.
+    let repo = Fixture::new("scan-cap");
+    for i in 0..4000 {
+        repo.write(
+            &format!("pkg{}/case{i}_test.py", i % 40),
+            format!("def test_case_{i}():\n    pass\n"),
+        );
+    }
+    let commit = repo.commit("many tests");
+    let work = TempDir::new("scan-cap-work");
+    let web = Web::start(&db).await;
+    let (_, api) = web.user(&db.pool, "pro").await;
+    let mut worker = spawn_worker(
+        "analyzer",
+        &worker_env(&db, work.path(), &[("ANALYZER_SCAN_TIMEOUT", "1ms")]),
+    );
+    let (analysis, job) = analyse_and_settle(&api, &repo.url(), &commit).await;
+    assert_failed_unbilled(
+        &db,
+        &analysis,
+        job,
+        "scanning the checkout for tests took longer than 1ms",
+    )
+    .await;
+    // The folder goes once the abandoned scan has let go of it.
+    support::wait_until("the checkout to be removed", SETTLE, || async {
+        work.entries().is_empty()
+    })
+    .await;
+    assert!(worker.terminate(Duration::from_secs(30)).await.success());
+    web.stop().await;
+}
