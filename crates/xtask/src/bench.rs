@@ -7,17 +7,23 @@ use crate::workspace_root;
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub(crate) enum Suite {
-    /// Bulk insert, burn-down, sustained latency, table health (issue: queue engine).
+    /// Bulk insert, burn-down, sustained latency, table health.
     Queue,
+    /// 1,000 users × 20 jobs with fairness on vs off: throughput, snoozes, slot reuse latency.
+    Fairness,
     /// Decisions/s and p99 of the in-memory and Redis limiters.
     Ratelimit,
+    /// Authenticated POST /v1/analyses vs pgbench; the Redis limiter's cost on a trivial GET.
+    Web,
 }
 
 impl Suite {
     fn target(self) -> (&'static str, &'static str) {
         match self {
             Suite::Queue => ("queue", "queue"),
+            Suite::Fairness => ("fairness", "fairness"),
             Suite::Ratelimit => ("ratelimit", "ratelimit"),
+            Suite::Web => ("web", "web"),
         }
     }
 }
