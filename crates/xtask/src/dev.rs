@@ -152,12 +152,22 @@ fn run_tool(program: &Path, args: &[&str], env: &[(String, String)]) -> anyhow::
 }
 
 /// One demo user per tier, each with a fresh API key: (tier, user id, key).
-fn demo_keys(web: &Path, env: &[(String, String)]) -> anyhow::Result<Vec<(String, String, String)>> {
+fn demo_keys(
+    web: &Path,
+    env: &[(String, String)],
+) -> anyhow::Result<Vec<(String, String, String)>> {
     let mut keys = Vec::new();
     for tier in TIERS {
         let user: serde_json::Value = serde_json::from_str(&run_tool(
             web,
-            &["admin", "create-user", "--name", &format!("demo-{tier}"), "--tier", tier],
+            &[
+                "admin",
+                "create-user",
+                "--name",
+                &format!("demo-{tier}"),
+                "--tier",
+                tier,
+            ],
             env,
         )?)?;
         let id = user["id"]
@@ -193,7 +203,9 @@ fn wait_ready(port: u16, stop: &AtomicBool) -> anyhow::Result<()> {
 fn print_welcome(port: u16, keys: &[(String, String, String)], admin_token: &str) {
     println!("\nFairlane is running.\n");
     println!("  API        http://127.0.0.1:{port}   (docs: /docs, OpenAPI: /openapi.json)");
-    println!("  workers    analyzer :9091, specgen :9092, scheduler :9093  (/healthz /readyz /metrics)");
+    println!(
+        "  workers    analyzer :9091, specgen :9092, scheduler :9093  (/healthz /readyz /metrics)"
+    );
     println!("  admin      Authorization: Bearer {admin_token}\n");
     println!("  Demo API keys (shown once):");
     for (tier, user, key) in keys {
@@ -204,9 +216,7 @@ fn print_welcome(port: u16, keys: &[(String, String, String)], admin_token: &str
         println!(
             "    curl -s -X POST http://127.0.0.1:{port}/v1/analyses \\\n      -H 'Authorization: Bearer {key}' -H 'Content-Type: application/json' \\\n      -d '{{\"repository\": \"https://github.com/rust-lang/log\"}}'"
         );
-        println!(
-            "    curl -s http://127.0.0.1:{port}/v1/usage -H 'Authorization: Bearer {key}'"
-        );
+        println!("    curl -s http://127.0.0.1:{port}/v1/usage -H 'Authorization: Bearer {key}'");
     }
     println!("\n  Ctrl-C stops everything.\n");
 }
@@ -214,7 +224,11 @@ fn print_welcome(port: u16, keys: &[(String, String, String)], admin_token: &str
 fn create_database(server_url: &str, name: &str) -> anyhow::Result<()> {
     let url = libpq_url(server_url);
     let exists = Command::new("psql")
-        .args([&url, "-Atc", &format!("SELECT 1 FROM pg_database WHERE datname = '{name}'")])
+        .args([
+            &url,
+            "-Atc",
+            &format!("SELECT 1 FROM pg_database WHERE datname = '{name}'"),
+        ])
         .output()
         .context("running psql")?;
     if String::from_utf8_lossy(&exists.stdout).trim() == "1" {
