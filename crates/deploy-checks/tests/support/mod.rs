@@ -38,7 +38,11 @@ pub fn service_binaries() -> &'static BTreeMap<String, PathBuf> {
     static BINARIES: OnceLock<BTreeMap<String, PathBuf>> = OnceLock::new();
     BINARIES.get_or_init(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut args = vec!["build", "--bins", "--message-format=json-render-diagnostics"];
+        let mut args = vec![
+            "build",
+            "--bins",
+            "--message-format=json-render-diagnostics",
+        ];
         for package in deploy_checks::SERVICE_PACKAGES {
             args.extend(["--package", package]);
         }
@@ -62,7 +66,10 @@ pub fn service_binaries() -> &'static BTreeMap<String, PathBuf> {
             }
         }
         for package in deploy_checks::SERVICE_PACKAGES {
-            assert!(binaries.contains_key(*package), "cargo built no `{package}` binary: {binaries:?}");
+            assert!(
+                binaries.contains_key(*package),
+                "cargo built no `{package}` binary: {binaries:?}"
+            );
         }
         binaries
     })
@@ -141,7 +148,9 @@ impl Http {
     }
 
     pub async fn get(&self, url: &str) -> Resp {
-        self.try_send(Method::GET, url, &[], Vec::new()).await.unwrap()
+        self.try_send(Method::GET, url, &[], Vec::new())
+            .await
+            .unwrap()
     }
 
     pub async fn post_json(&self, url: &str, bearer: &str, body: &serde_json::Value) -> Resp {
@@ -149,7 +158,10 @@ impl Http {
         self.try_send(
             Method::POST,
             url,
-            &[("authorization", &auth), ("content-type", "application/json")],
+            &[
+                ("authorization", &auth),
+                ("content-type", "application/json"),
+            ],
             serde_json::to_vec(body).unwrap(),
         )
         .await
@@ -199,10 +211,15 @@ pub async fn start_service(http: &Http, binary_name: &str, env: &[(&str, String)
     let port = free_port();
     let mut env: Vec<(&str, String)> = env.to_vec();
     env.push(("HTTP_ADDR", format!("127.0.0.1:{port}")));
-    let args: &[&str] = if binary_name == "web" { &["serve"] } else { &[] };
+    let args: &[&str] = if binary_name == "web" {
+        &["serve"]
+    } else {
+        &[]
+    };
     let child = ChildProcess::spawn(binary_name, &binary(binary_name), args, &env);
     let base = format!("http://127.0.0.1:{port}");
-    http.wait_ok(&format!("{base}/healthz"), Duration::from_secs(60)).await;
+    http.wait_ok(&format!("{base}/healthz"), Duration::from_secs(60))
+        .await;
     Service {
         name: binary_name.to_owned(),
         base,
@@ -223,7 +240,11 @@ pub fn fixture_repository(dir: &Path) -> (String, String) {
             .env("GIT_COMMITTER_EMAIL", "t@example.invalid")
             .output()
             .unwrap();
-        assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     };
     std::fs::create_dir_all(dir.join("tests")).unwrap();
@@ -241,7 +262,10 @@ pub fn fixture_repository(dir: &Path) -> (String, String) {
 
 /// A fresh temporary directory (removed by the OS; tests leave it for inspection on failure).
 pub fn temp_dir(label: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("fairlane-{label}-{}", uuid::Uuid::new_v4().simple()));
+    let dir = std::env::temp_dir().join(format!(
+        "fairlane-{label}-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
