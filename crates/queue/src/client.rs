@@ -2,13 +2,16 @@
 //! caller's transaction), cancel, look up. Transition hooks registered here also run for the
 //! transitions this client makes (a cancelled waiting job releases its quota reservation).
 
+use std::collections::BTreeSet;
+use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
-use sqlx::{PgConnection, PgPool};
+use sqlx::{PgConnection, PgPool, Postgres};
 
 use crate::error::QueueError;
 use crate::hooks::{Transition, TransitionHook, run_hooks};
-use crate::insert::{self, Inserted, NewJob};
+use crate::insert::{self, Inserted, NewJob, Notify};
+use crate::wake::Waker;
 use crate::job::{JobId, JobRow, JobState};
 
 /// The NOTIFY channel carrying control messages to workers (`cancel:<job id>`).
@@ -19,6 +22,7 @@ pub const CONTROL_CHANNEL: &str = "fairlane_control";
 pub struct Client {
     pool: PgPool,
     hooks: Arc<[Arc<dyn TransitionHook>]>,
+    waker: Arc<Waker>,
 }
 
 impl std::fmt::Debug for Client {
@@ -54,9 +58,27 @@ impl CancelResult {
 impl Client {
     pub fn new(pool: PgPool) -> Self {
         Client {
+            waker: Waker::new(pool.clone()),
             pool,
             hooks: Arc::from(Vec::new()),
         }
+    }
+
+    /// Wakes producers (here and, through NOTIFY, in every process) after commits.
+    pub fn waker(&self) -> &Arc<Waker> {
+        &self.waker
+    }
+
+    /// Starts a transaction for inserting jobs together with other writes. Unlike
+    /// [`Client::insert_tx`] on a plain transaction, its inserts do not NOTIFY inside the
+    /// transaction (PostgreSQL serializes notifying commits); [`QueueTx::commit`] wakes the
+    /// producers after committing instead.
+    pub async fn begin(&self) -> Result<QueueTx, QueueError> {
+        Ok(QueueTx {
+            tx: self.pool.begin().await?,
+            queues: BTreeSet::new(),
+            waker: Arc::clone(&self.waker),
+        })
     }
 
     /// Adds hooks that run in every transaction that moves a job out of `running` or cancels it.
@@ -77,10 +99,23 @@ impl Client {
 
     pub async fn insert(&self, job: NewJob) -> Result<Inserted, QueueError> {
         let mut conn = self.pool.acquire().await?;
-        insert::insert(&mut conn, job).await
+        let inserted = insert::insert_with(&mut conn, job, Notify::AfterCommit).await?;
+        self.wake_for(std::slice::from_ref(&inserted));
+        Ok(inserted)
     }
 
-    /// Inserts inside the caller's transaction (`&mut *tx`): nothing exists unless it commits.
+    fn wake_for(&self, inserted: &[Inserted]) {
+        self.waker.wake(
+            inserted
+                .iter()
+                .filter(|i| !i.duplicate && i.job.state == JobState::Available)
+                .map(|i| i.job.queue.as_str()),
+        );
+    }
+
+    /// Inserts inside the caller's transaction (`&mut *tx`): nothing exists unless it commits;
+    /// the NOTIFY is part of the transaction. Prefer [`Client::begin`] when inserting at a high
+    /// rate.
     pub async fn insert_tx(
         &self,
         conn: &mut PgConnection,
@@ -91,7 +126,9 @@ impl Client {
 
     pub async fn insert_many(&self, jobs: Vec<NewJob>) -> Result<Vec<Inserted>, QueueError> {
         let mut conn = self.pool.acquire().await?;
-        insert::insert_many(&mut conn, jobs).await
+        let inserted = insert::insert_many_with(&mut conn, jobs, Notify::AfterCommit).await?;
+        self.wake_for(&inserted);
+        Ok(inserted)
     }
 
     pub async fn insert_many_tx(
@@ -105,8 +142,9 @@ impl Client {
     /// Bulk-loads jobs with COPY in one transaction.
     pub async fn insert_bulk(&self, jobs: &[NewJob]) -> Result<u64, QueueError> {
         let mut tx = self.pool.begin().await?;
-        let n = insert::insert_bulk(&mut tx, jobs).await?;
+        let (n, queues) = insert::insert_bulk_with(&mut tx, jobs, Notify::AfterCommit).await?;
         tx.commit().await?;
+        self.waker.wake(queues.iter().map(String::as_str));
         Ok(n)
     }
 
@@ -124,6 +162,17 @@ impl Client {
         let mut tx = self.pool.begin().await?;
         let result = self.cancel_tx(&mut tx, id).await?;
         tx.commit().await?;
+        if let Some(CancelResult::Cancelled(job)) = &result {
+            let transition = Transition {
+                job_id: job.id,
+                queue: job.queue.clone(),
+                kind: job.kind.clone(),
+                user_id: job.user_id,
+                state: job.state,
+            };
+            let wake = crate::hooks::wakes_after_commit(&self.hooks, &[transition]);
+            self.waker.wake(wake.iter().map(String::as_str));
+        }
         Ok(result)
     }
 
@@ -180,5 +229,70 @@ impl Client {
                 Ok(Some(CancelResult::Cancelled(job)))
             }
         }
+    }
+}
+
+/// A transaction that inserts jobs and wakes their producers after it commits. Derefs to the
+/// connection, so any other statement can run in it (`&mut *tx`).
+pub struct QueueTx {
+    tx: sqlx::Transaction<'static, Postgres>,
+    queues: BTreeSet<String>,
+    waker: Arc<Waker>,
+}
+
+impl std::fmt::Debug for QueueTx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueueTx")
+            .field("queues", &self.queues)
+            .finish_non_exhaustive()
+    }
+}
+
+impl QueueTx {
+    pub async fn insert(&mut self, job: NewJob) -> Result<Inserted, QueueError> {
+        let inserted = insert::insert_with(&mut self.tx, job, Notify::AfterCommit).await?;
+        self.remember(std::slice::from_ref(&inserted));
+        Ok(inserted)
+    }
+
+    pub async fn insert_many(&mut self, jobs: Vec<NewJob>) -> Result<Vec<Inserted>, QueueError> {
+        let inserted = insert::insert_many_with(&mut self.tx, jobs, Notify::AfterCommit).await?;
+        self.remember(&inserted);
+        Ok(inserted)
+    }
+
+    fn remember(&mut self, inserted: &[Inserted]) {
+        self.queues.extend(
+            inserted
+                .iter()
+                .filter(|i| !i.duplicate && i.job.state == JobState::Available)
+                .map(|i| i.job.queue.clone()),
+        );
+    }
+
+    /// Commits, then wakes the producers of the queues that received runnable jobs.
+    pub async fn commit(self) -> Result<(), QueueError> {
+        self.tx.commit().await?;
+        self.waker.wake(self.queues.iter().map(String::as_str));
+        Ok(())
+    }
+
+    /// Rolls back: nothing inserted exists, nobody is woken.
+    pub async fn rollback(self) -> Result<(), QueueError> {
+        self.tx.rollback().await?;
+        Ok(())
+    }
+}
+
+impl Deref for QueueTx {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        &self.tx
+    }
+}
+
+impl DerefMut for QueueTx {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        &mut self.tx
     }
 }

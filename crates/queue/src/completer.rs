@@ -18,8 +18,8 @@ use tokio_util::sync::CancellationToken;
 use crate::backoff::RetryPolicy;
 use crate::context::JobContext;
 use crate::error::QueueError;
-use crate::hooks::{Transition, TransitionHook, run_hooks};
-use crate::insert::INSERT_CHANNEL;
+use crate::hooks::{Transition, TransitionHook, run_hooks, wakes_after_commit};
+use crate::wake::Waker;
 use crate::job::{FailureKind, JobId};
 use crate::metrics::QueueMetrics;
 use crate::outcome::JobOutcome;
@@ -71,6 +71,7 @@ pub(crate) struct Completer {
     pub(crate) inflight: Arc<Inflight>,
     /// Fired when the process gives up on persisting (hard shutdown with the database away).
     pub(crate) abandon: CancellationToken,
+    pub(crate) waker: Arc<Waker>,
 }
 
 /// The part of the completer that persisting tasks share.
@@ -81,6 +82,7 @@ struct Persister {
     metrics: QueueMetrics,
     inflight: Arc<Inflight>,
     abandon: CancellationToken,
+    waker: Arc<Waker>,
 }
 
 impl Completer {
@@ -95,6 +97,7 @@ impl Completer {
             metrics,
             inflight,
             abandon,
+            waker,
         } = self;
         let persister = Arc::new(Persister {
             pool,
@@ -103,6 +106,7 @@ impl Completer {
             metrics,
             inflight,
             abandon,
+            waker,
         });
         let mut running = tokio::task::JoinSet::new();
         let mut abandoned = false;
@@ -199,19 +203,17 @@ impl Persister {
         let mut tx = self.pool.begin().await?;
         let transitions = persist_batch(&mut tx, batch, &self.retry).await?;
         run_hooks(&self.hooks, &mut tx, &transitions).await?;
-        let requeued: Vec<&str> = transitions
-            .iter()
-            .filter(|t| t.state == crate::job::JobState::Available)
-            .map(|t| t.queue.as_str())
-            .collect();
-        if !requeued.is_empty() {
-            sqlx::query("SELECT pg_notify($1, q) FROM (SELECT DISTINCT unnest($2::text[]) q) d")
-                .bind(INSERT_CHANNEL)
-                .bind(&requeued)
-                .execute(&mut *tx)
-                .await?;
-        }
         tx.commit().await?;
+        // After commit: jobs handed back are runnable again, and hooks may want producers woken
+        // (a freed fairness slot).
+        let mut wake: Vec<String> = wakes_after_commit(&self.hooks, &transitions);
+        wake.extend(
+            transitions
+                .iter()
+                .filter(|t| t.state == crate::job::JobState::Available)
+                .map(|t| t.queue.clone()),
+        );
+        self.waker.wake(wake.iter().map(String::as_str));
         Ok(transitions.into_iter().map(|t| t.job_id).collect())
     }
 }

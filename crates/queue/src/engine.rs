@@ -152,6 +152,7 @@ impl Engine {
             completions: tx,
             metrics: metrics.clone(),
             db_health: DbHealth::default(),
+            waker: Arc::clone(b.client.waker()),
         });
         rt.db_health.record(true);
 
@@ -169,6 +170,11 @@ impl Engine {
                 })
             })
             .collect();
+        for q in &queues {
+            b.client
+                .waker()
+                .subscribe_local(q.name.as_str(), Arc::clone(&q.runnable));
+        }
         let mut notifier = Notifier::new();
         let by_name: HashMap<String, Arc<Notify>> = queues
             .iter()
@@ -239,6 +245,7 @@ impl Engine {
                 metrics,
                 inflight: Arc::clone(&inflight),
                 abandon: abandon.clone(),
+                waker: Arc::clone(b.client.waker()),
             }
             .run(),
         );

@@ -9,8 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::context::CancelReason;
 use crate::error::QueueError;
-use crate::hooks::{Transition, run_hooks};
-use crate::insert::INSERT_CHANNEL;
+use crate::hooks::{Transition, run_hooks, wakes_after_commit};
 use crate::job::JobId;
 use crate::leader::duration_millis;
 use crate::runtime::Runtime;
@@ -101,13 +100,10 @@ async fn hand_back_orphans(rt: &Runtime) -> Result<(), QueueError> {
         return Ok(());
     }
     run_hooks(&rt.hooks, &mut tx, &orphans).await?;
-    let queues: Vec<&str> = orphans.iter().map(|t| t.queue.as_str()).collect();
-    sqlx::query("SELECT pg_notify($1, q) FROM (SELECT DISTINCT unnest($2::text[]) q) d")
-        .bind(INSERT_CHANNEL)
-        .bind(&queues)
-        .execute(&mut *tx)
-        .await?;
     tx.commit().await?;
+    let mut wake = wakes_after_commit(&rt.hooks, &orphans);
+    wake.extend(orphans.iter().map(|t| t.queue.clone()));
+    rt.waker.wake(wake.iter().map(String::as_str));
     tracing::warn!(
         jobs = orphans.len(),
         "handed back jobs whose fetch reply was lost"

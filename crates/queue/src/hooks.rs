@@ -36,6 +36,14 @@ pub trait TransitionHook: Send + Sync + 'static {
         conn: &mut PgConnection,
         transitions: &[Transition],
     ) -> Result<(), BoxError>;
+
+    /// Queues whose producers should be woken once the transaction has committed (for example
+    /// because these transitions freed a slot that waiting jobs need). Sent through the
+    /// [`Waker`](crate::wake::Waker), outside the transaction.
+    fn wake_after_commit(&self, transitions: &[Transition]) -> Vec<String> {
+        let _ = transitions;
+        Vec::new()
+    }
 }
 
 /// Chooses the jobs a fetch may start.
@@ -50,6 +58,17 @@ pub trait FetchGate: Send + Sync + 'static {
         queue: &QueueName,
         limit: usize,
     ) -> Result<Vec<JobId>, BoxError>;
+}
+
+/// Every hook's after-commit wake-ups for `transitions`.
+pub(crate) fn wakes_after_commit(
+    hooks: &[std::sync::Arc<dyn TransitionHook>],
+    transitions: &[Transition],
+) -> Vec<String> {
+    hooks
+        .iter()
+        .flat_map(|h| h.wake_after_commit(transitions))
+        .collect()
 }
 
 /// Runs every hook, in registration order.

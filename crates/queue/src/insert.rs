@@ -183,7 +183,7 @@ ins AS (
 ),
 notified AS (
     SELECT pg_notify('fairlane_insert', d.queue)
-    FROM (SELECT DISTINCT queue FROM ins WHERE state = 'available') d
+    FROM (SELECT DISTINCT queue FROM ins WHERE state = 'available' AND $9) d
 )
 SELECT ins.* FROM ins WHERE (SELECT count(*) FROM notified) >= 0 ORDER BY ins.id
 "#;
@@ -191,9 +191,28 @@ SELECT ins.* FROM ins WHERE (SELECT count(*) FROM notified) >= 0 ORDER BY ins.id
 const EXISTING_UNIQUE_SQL: &str = "SELECT * FROM fairlane_job \
      WHERE unique_key = ANY($1) AND state IN ('available', 'scheduled', 'running', 'retryable')";
 
-/// Inserts one job. Pass `&mut *tx` to insert inside your transaction.
+/// Whether an insert statement NOTIFYs the queues it made runnable (delivered at commit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Notify {
+    /// NOTIFY in the statement: correct inside any caller's transaction, but every such
+    /// transaction's commit is serialized by PostgreSQL with every other notifying commit.
+    InStatement,
+    /// The caller wakes producers after commit (see [`crate::wake::Waker`]).
+    AfterCommit,
+}
+
+/// Inserts one job. Pass `&mut *tx` to insert inside your transaction; producers are notified
+/// when it commits.
 pub async fn insert(conn: &mut PgConnection, job: NewJob) -> Result<Inserted, QueueError> {
-    let mut results = insert_many(conn, vec![job]).await?;
+    insert_with(conn, job, Notify::InStatement).await
+}
+
+pub(crate) async fn insert_with(
+    conn: &mut PgConnection,
+    job: NewJob,
+    notify: Notify,
+) -> Result<Inserted, QueueError> {
+    let mut results = insert_many_with(conn, vec![job], notify).await?;
     results
         .pop()
         .ok_or_else(|| QueueError::InvalidJob("insert returned no row".into()))
@@ -201,9 +220,18 @@ pub async fn insert(conn: &mut PgConnection, job: NewJob) -> Result<Inserted, Qu
 
 /// Inserts jobs in one statement; the results are in input order. A unique job whose key is held by
 /// a non-final job (including one earlier in the same batch) is not inserted and reports that job.
+/// Producers are notified when the transaction commits.
 pub async fn insert_many(
     conn: &mut PgConnection,
     jobs: Vec<NewJob>,
+) -> Result<Vec<Inserted>, QueueError> {
+    insert_many_with(conn, jobs, Notify::InStatement).await
+}
+
+pub(crate) async fn insert_many_with(
+    conn: &mut PgConnection,
+    jobs: Vec<NewJob>,
+    notify: Notify,
 ) -> Result<Vec<Inserted>, QueueError> {
     for job in &jobs {
         job.validate()?;
@@ -216,7 +244,7 @@ pub async fn insert_many(
         if pending.is_empty() {
             break;
         }
-        let inserted = run_insert(conn, pending.iter().map(|(_, j)| j)).await?;
+        let inserted = run_insert(conn, pending.iter().map(|(_, j)| j), notify).await?;
         let mut unique_rows: HashMap<String, JobRow> = HashMap::new();
         let mut plain_rows = Vec::new();
         for row in inserted {
@@ -301,6 +329,7 @@ pub async fn insert_many(
 async fn run_insert<'a>(
     conn: &mut PgConnection,
     jobs: impl Iterator<Item = &'a NewJob>,
+    notify: Notify,
 ) -> Result<Vec<JobRow>, QueueError> {
     let mut kinds = Vec::new();
     let mut queues = Vec::new();
@@ -329,6 +358,7 @@ async fn run_insert<'a>(
         .bind(&scheduled)
         .bind(&unique_keys)
         .bind(&metadata)
+        .bind(notify == Notify::InStatement)
         .fetch_all(&mut *conn)
         .await?;
     Ok(rows)
@@ -336,8 +366,18 @@ async fn run_insert<'a>(
 
 /// Loads many jobs with binary `COPY` — the fastest path, for large batches. Unique keys are not
 /// supported here (COPY cannot skip conflicts); use [`insert_many`] for unique jobs. Returns how
-/// many rows were written. Runs inside the caller's transaction if `conn` is one.
+/// many rows were written. Runs inside the caller's transaction if `conn` is one; producers are
+/// notified when it commits.
 pub async fn insert_bulk(conn: &mut PgConnection, jobs: &[NewJob]) -> Result<u64, QueueError> {
+    Ok(insert_bulk_with(conn, jobs, Notify::InStatement).await?.0)
+}
+
+/// [`insert_bulk`], returning the queues that received runnable jobs.
+pub(crate) async fn insert_bulk_with(
+    conn: &mut PgConnection,
+    jobs: &[NewJob],
+    notify: Notify,
+) -> Result<(u64, Vec<String>), QueueError> {
     for job in jobs {
         job.validate()?;
         if job.unique_key.is_some() {
@@ -347,7 +387,7 @@ pub async fn insert_bulk(conn: &mut PgConnection, jobs: &[NewJob]) -> Result<u64
         }
     }
     if jobs.is_empty() {
-        return Ok(0);
+        return Ok((0, Vec::new()));
     }
     let now = Utc::now();
     let mut copy = conn
@@ -391,13 +431,13 @@ pub async fn insert_bulk(conn: &mut PgConnection, jobs: &[NewJob]) -> Result<u64
         return Err(e.into());
     }
     let written = copy.finish().await?;
-    if !runnable_queues.is_empty() {
+    if notify == Notify::InStatement && !runnable_queues.is_empty() {
         sqlx::query("SELECT pg_notify('fairlane_insert', q) FROM unnest($1::text[]) q")
             .bind(&runnable_queues)
             .execute(&mut *conn)
             .await?;
     }
-    Ok(written)
+    Ok((written, runnable_queues.into_iter().map(str::to_owned).collect()))
 }
 
 #[cfg(test)]

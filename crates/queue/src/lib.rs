@@ -36,9 +36,10 @@ pub mod notifier;
 pub mod outcome;
 mod producer;
 mod runtime;
+pub mod wake;
 
 pub use backoff::RetryPolicy;
-pub use client::{CancelResult, Client};
+pub use client::{CancelResult, Client, QueueTx};
 pub use common::{JobArgs, QueueName};
 pub use config::EngineConfig;
 pub use context::{CancelReason, JobContext};

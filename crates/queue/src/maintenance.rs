@@ -17,7 +17,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::EngineConfig;
 use crate::error::QueueError;
-use crate::hooks::{Transition, TransitionHook, run_hooks};
+use crate::hooks::{Transition, TransitionHook, run_hooks, wakes_after_commit};
+use crate::wake::Waker;
 use crate::insert::INSERT_CHANNEL;
 use crate::leader::{LeaderHandle, duration_millis};
 use crate::runtime::Runtime;
@@ -55,7 +56,8 @@ pub(crate) async fn run(rt: Arc<Runtime>, leader: LeaderHandle, shutdown: Cancel
                         .healthy_for()
                         .is_some_and(|d| d >= rt.config.rescue_after);
                     if settled {
-                        rescue_dead_workers(&rt.pool, &rt.hooks, rt.config.rescue_after).await?;
+                        rescue_dead_workers(&rt.pool, &rt.hooks, &rt.waker, rt.config.rescue_after)
+                            .await?;
                     }
                     Ok(())
                 }
@@ -134,6 +136,7 @@ pub async fn promote_due(pool: &PgPool) -> Result<u64, QueueError> {
 pub async fn rescue_dead_workers(
     pool: &PgPool,
     hooks: &[Arc<dyn TransitionHook>],
+    waker: &Arc<Waker>,
     stale_after: Duration,
 ) -> Result<Vec<Transition>, QueueError> {
     let mut tx = pool.begin().await?;
@@ -165,15 +168,7 @@ pub async fn rescue_dead_workers(
     .bind(duration_millis(stale_after))
     .fetch_all(&mut *tx)
     .await?;
-    if !rescued.is_empty() {
-        run_hooks(hooks, &mut tx, &rescued).await?;
-        let queues: Vec<&str> = rescued.iter().map(|t| t.queue.as_str()).collect();
-        sqlx::query("SELECT pg_notify($1, q) FROM (SELECT DISTINCT unnest($2::text[]) q) d")
-            .bind(INSERT_CHANNEL)
-            .bind(&queues)
-            .execute(&mut *tx)
-            .await?;
-    }
+    run_hooks(hooks, &mut tx, &rescued).await?;
     let dead = sqlx::query(
         "DELETE FROM fairlane_worker WHERE heartbeat_at < now() - $1 * interval '1 millisecond'",
     )
@@ -181,6 +176,9 @@ pub async fn rescue_dead_workers(
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
+    let mut wake = wakes_after_commit(hooks, &rescued);
+    wake.extend(rescued.iter().map(|t| t.queue.clone()));
+    waker.wake(wake.iter().map(String::as_str));
     if !rescued.is_empty() || dead.rows_affected() > 0 {
         tracing::warn!(
             jobs = rescued.len(),

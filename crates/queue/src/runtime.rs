@@ -111,4 +111,5 @@ pub(crate) struct Runtime {
     pub(crate) completions: mpsc::Sender<Completion>,
     pub(crate) metrics: QueueMetrics,
     pub(crate) db_health: DbHealth,
+    pub(crate) waker: Arc<crate::wake::Waker>,
 }

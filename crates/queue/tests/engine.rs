@@ -580,3 +580,92 @@ async fn cleaner_deletes_final_jobs_past_retention_only() {
         .unwrap();
     assert_eq!(left, ids[1..].to_vec(), "cancelled jobs are kept 7 days");
 }
+
+#[tokio::test]
+async fn jobs_inserted_in_a_queue_transaction_start_promptly_after_commit_and_vanish_on_rollback() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut workers = Workers::new();
+    workers.register_fn::<Tag, _, _>(move |ctx, args| {
+        let tx = tx.clone();
+        async move {
+            let wait = chrono::Utc::now() - ctx.job().created_at;
+            let _ = tx.send((args.n, wait.as_seconds_f64()));
+            Ok(())
+        }
+    });
+    let mut config = fast_config();
+    config.poll_interval = Duration::from_secs(5);
+    let engine = start(&client, config, &[("txq", 2)], workers);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // Rolled back: never runs.
+    let mut qtx = client.begin().await.unwrap();
+    qtx.insert(NewJob::new(q("txq"), &Tag { n: 1 }).unwrap())
+        .await
+        .unwrap();
+    qtx.rollback().await.unwrap();
+
+    // Committed together with another write: runs promptly, although nothing was NOTIFYed inside
+    // the transaction.
+    let mut qtx = client.begin().await.unwrap();
+    sqlx::query("CREATE TABLE side_effect (x int)")
+        .execute(&mut *qtx)
+        .await
+        .unwrap();
+    qtx.insert(NewJob::new(q("txq"), &Tag { n: 2 }).unwrap())
+        .await
+        .unwrap();
+    qtx.commit().await.unwrap();
+    let (n, wait) = tokio::time::timeout(Duration::from_secs(3), rx.recv())
+        .await
+        .expect("committed job started long before the 5 s poll")
+        .unwrap();
+    assert_eq!(n, 2);
+    assert!(wait < 1.0, "started {wait:.3}s after insert");
+    engine.stop().await;
+    assert!(rx.try_recv().is_err(), "the rolled-back job never ran");
+    let total: i64 = sqlx::query_scalar("SELECT count(*) FROM fairlane_job")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(total, 1);
+}
+
+#[tokio::test]
+async fn another_process_is_woken_through_notify_after_commit() {
+    // Two clients with separate pools stand for two processes: the engine's client never sees
+    // the inserting client's local wake-up, only the NOTIFY its waker sends after commit.
+    let db = TestDb::new().await;
+    let engine_client = Client::new(db.pool_with(5).await);
+    let inserting = Client::new(db.pool_with(5).await);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut workers = Workers::new();
+    workers.register_fn::<Tag, _, _>(move |_ctx, args| {
+        let tx = tx.clone();
+        async move {
+            let _ = tx.send(args.n);
+            Ok(())
+        }
+    });
+    let mut config = fast_config();
+    config.poll_interval = Duration::from_secs(5);
+    let engine = start(&engine_client, config, &[("remote", 2)], workers);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for n in 0..5 {
+        let started = tokio::time::Instant::now();
+        let mut qtx = inserting.begin().await.unwrap();
+        qtx.insert(NewJob::new(q("remote"), &Tag { n }).unwrap())
+            .await
+            .unwrap();
+        qtx.commit().await.unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(3), rx.recv())
+            .await
+            .expect("woken through NOTIFY, not the 5 s poll")
+            .unwrap();
+        assert_eq!(got, n);
+        assert!(started.elapsed() < Duration::from_secs(1));
+    }
+    engine.stop().await;
+}

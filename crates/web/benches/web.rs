@@ -206,7 +206,7 @@ async fn main() {
 
     // GET /v1/jobs/{id} without and with the Redis rate limiter.
     let jobs: Vec<(i64, String)> = sqlx::query_as(
-        "SELECT j.id, k.id FROM fairlane_job j JOIN api_keys k ON k.user_id::text = j.user_id \
+        "SELECT j.id, k.id FROM fairlane_job j JOIN api_keys k ON k.user_id = j.user_id \
          ORDER BY j.id LIMIT 1000",
     )
     .fetch_all(&db.pool)

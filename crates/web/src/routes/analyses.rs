@@ -175,7 +175,9 @@ pub async fn create(
     }
 
     let analysis_id = Uuid::new_v4();
-    let mut tx = state.pool.begin().await?;
+    // A queue transaction: its job insert wakes the workers after commit instead of sending a
+    // NOTIFY inside it (PostgreSQL serializes the commits of notifying transactions).
+    let mut tx = state.queue.begin().await?;
     let grant = state
         .quota
         .check(&mut tx, user.user_id, Service::Analysis, Utc::now())
@@ -191,7 +193,7 @@ pub async fn create(
         select_queue(Service::Analysis, grant.tier, false),
         &args,
     )?);
-    let inserted = state.queue.insert_tx(&mut tx, job).await?;
+    let inserted = tx.insert(job).await?;
     grant
         .reserve(&mut tx, Some(inserted.job.id))
         .await
