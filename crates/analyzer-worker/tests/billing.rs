@@ -95,11 +95,25 @@ async fn success_bills_once_and_failure_bills_nothing() {
     let failing = enqueue_reserved(&db, u, 10, true, 2).await;
     assert_eq!(counts(&db, ok).await, (0, 1), "reserved, not yet billed");
     let mut worker = spawn(&db, "billing");
-    assert_eq!(wait_final(&db, ok, Duration::from_secs(20)).await, JobState::Completed);
-    assert_eq!(wait_final(&db, failing, Duration::from_secs(20)).await, JobState::Discarded);
+    assert_eq!(
+        wait_final(&db, ok, Duration::from_secs(20)).await,
+        JobState::Completed
+    );
+    assert_eq!(
+        wait_final(&db, failing, Duration::from_secs(20)).await,
+        JobState::Discarded
+    );
     assert!(worker.terminate(Duration::from_secs(20)).await.success());
-    assert_eq!(counts(&db, ok).await, (1, 0), "one usage event, reservation gone");
-    assert_eq!(counts(&db, failing).await, (0, 0), "nothing billed, reservation gone");
+    assert_eq!(
+        counts(&db, ok).await,
+        (1, 0),
+        "one usage event, reservation gone"
+    );
+    assert_eq!(
+        counts(&db, failing).await,
+        (0, 0),
+        "nothing billed, reservation gone"
+    );
     let amount: i32 = sqlx::query_scalar("SELECT amount FROM usage_events WHERE job_id = $1")
         .bind(ok)
         .fetch_one(&db.pool)
@@ -128,10 +142,21 @@ async fn heavy_a_worker_killed_mid_job_never_bills_twice() {
     }
     let mut survivor = spawn(&db, "survivor");
     victim.kill_9().await;
-    assert_eq!(counts(&db, id).await, (0, 1), "a crashed attempt bills nothing");
-    assert_eq!(wait_final(&db, id, Duration::from_secs(30)).await, JobState::Completed);
+    assert_eq!(
+        counts(&db, id).await,
+        (0, 1),
+        "a crashed attempt bills nothing"
+    );
+    assert_eq!(
+        wait_final(&db, id, Duration::from_secs(30)).await,
+        JobState::Completed
+    );
     assert!(survivor.terminate(Duration::from_secs(20)).await.success());
-    assert_eq!(counts(&db, id).await, (1, 0), "billed exactly once after the rescue");
+    assert_eq!(
+        counts(&db, id).await,
+        (1, 0),
+        "billed exactly once after the rescue"
+    );
     let attempt: i16 = sqlx::query_scalar("SELECT attempt FROM fairlane_job WHERE id = $1")
         .bind(id)
         .fetch_one(&db.pool)

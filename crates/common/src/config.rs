@@ -50,9 +50,12 @@ where
     T: Default + Serialize + DeserializeOwned,
     I: IntoIterator<Item = (String, String)>,
 {
-    let defaults = serde_json::to_value(T::default()).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+    let defaults =
+        serde_json::to_value(T::default()).map_err(|e| ConfigError::Invalid(e.to_string()))?;
     let Value::Object(mut merged) = defaults else {
-        return Err(ConfigError::Invalid("a configuration must be a struct".into()));
+        return Err(ConfigError::Invalid(
+            "a configuration must be a struct".into(),
+        ));
     };
     let types = merged.clone();
     if let Some(path) = file {
@@ -62,7 +65,9 @@ where
     }
     for (name, text) in env {
         let key = name.to_ascii_lowercase();
-        let Some(default) = types.get(&key) else { continue };
+        let Some(default) = types.get(&key) else {
+            continue;
+        };
         if text.is_empty() {
             continue;
         }
@@ -182,8 +187,12 @@ mod tests {
         assert_eq!(s.fairness_free_limit, 2);
         assert!(!s.fairness_enabled);
         assert_eq!(s.label, "12345", "numeric-looking env values stay strings");
-        let s: Sample = load_from(None, env(&[("LABEL", "0123"), ("FAIRNESS_ENABLED", "0")])).unwrap();
-        assert_eq!(s.label, "0123", "text is taken verbatim, leading zeros and all");
+        let s: Sample =
+            load_from(None, env(&[("LABEL", "0123"), ("FAIRNESS_ENABLED", "0")])).unwrap();
+        assert_eq!(
+            s.label, "0123",
+            "text is taken verbatim, leading zeros and all"
+        );
         assert!(!s.fairness_enabled);
         std::fs::remove_dir_all(dir).unwrap();
     }
@@ -200,7 +209,10 @@ mod tests {
         let err = load_from::<Sample, _>(None, env(&[("FAIRNESS_ENABLED", "maybe")]))
             .unwrap_err()
             .to_string();
-        assert!(err.contains("FAIRNESS_ENABLED") && err.contains("true or false"), "{err}");
+        assert!(
+            err.contains("FAIRNESS_ENABLED") && err.contains("true or false"),
+            "{err}"
+        );
 
         let missing = Path::new("/nonexistent/fairlane.toml");
         let err = load_from::<Sample, _>(Some(missing), env(&[]))

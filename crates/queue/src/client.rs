@@ -11,8 +11,8 @@ use sqlx::{PgConnection, PgPool, Postgres};
 use crate::error::QueueError;
 use crate::hooks::{Transition, TransitionHook, run_hooks};
 use crate::insert::{self, Inserted, NewJob, Notify};
-use crate::wake::Waker;
 use crate::job::{JobId, JobRow, JobState};
+use crate::wake::Waker;
 
 /// The NOTIFY channel carrying control messages to workers (`cancel:<job id>`).
 pub const CONTROL_CHANNEL: &str = "fairlane_control";

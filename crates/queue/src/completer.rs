@@ -19,11 +19,11 @@ use crate::backoff::RetryPolicy;
 use crate::context::JobContext;
 use crate::error::QueueError;
 use crate::hooks::{Transition, TransitionHook, run_hooks, wakes_after_commit};
-use crate::wake::Waker;
 use crate::job::{FailureKind, JobId};
 use crate::metrics::QueueMetrics;
 use crate::outcome::JobOutcome;
 use crate::runtime::Inflight;
+use crate::wake::Waker;
 
 /// How an attempt ended, including the runtime's own "handed back on shutdown".
 #[derive(Debug, Clone, PartialEq)]

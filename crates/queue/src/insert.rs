@@ -437,7 +437,10 @@ pub(crate) async fn insert_bulk_with(
             .execute(&mut *conn)
             .await?;
     }
-    Ok((written, runnable_queues.into_iter().map(str::to_owned).collect()))
+    Ok((
+        written,
+        runnable_queues.into_iter().map(str::to_owned).collect(),
+    ))
 }
 
 #[cfg(test)]

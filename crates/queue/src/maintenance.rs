@@ -18,10 +18,10 @@ use tokio_util::sync::CancellationToken;
 use crate::config::EngineConfig;
 use crate::error::QueueError;
 use crate::hooks::{Transition, TransitionHook, run_hooks, wakes_after_commit};
-use crate::wake::Waker;
 use crate::insert::INSERT_CHANNEL;
 use crate::leader::{LeaderHandle, duration_millis};
 use crate::runtime::Runtime;
+use crate::wake::Waker;
 
 /// The lease name for queue maintenance.
 pub const MAINTENANCE_LEASE: &str = "queue-maintenance";

@@ -44,7 +44,10 @@ impl Waker {
             return;
         }
         {
-            let local = self.local.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let local = self
+                .local
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             for queue in &unique {
                 for notify in local.get(*queue).into_iter().flatten() {
                     notify.notify_one();
