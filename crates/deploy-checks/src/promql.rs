@@ -143,15 +143,16 @@ pub fn names(expr: &str) -> Result<Names, PromqlError> {
                     i += 1;
                 }
             }
-            Token::Ident(word) if GROUPING.contains(&word.as_str()) => {
-                if tokens.get(i + 1) == Some(&Token::Punct('(')) {
-                    i += 2;
-                    while i < tokens.len() && tokens[i] != Token::Punct(')') {
-                        if let Token::Ident(label) = &tokens[i] {
-                            names.labels.insert(label.clone());
-                        }
-                        i += 1;
+            Token::Ident(word)
+                if GROUPING.contains(&word.as_str())
+                    && tokens.get(i + 1) == Some(&Token::Punct('(')) =>
+            {
+                i += 2;
+                while i < tokens.len() && tokens[i] != Token::Punct(')') {
+                    if let Token::Ident(label) = &tokens[i] {
+                        names.labels.insert(label.clone());
                     }
+                    i += 1;
                 }
             }
             Token::Ident(word) => {

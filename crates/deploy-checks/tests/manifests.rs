@@ -767,3 +767,24 @@ fn otel_collector_pipelines_use_only_defined_components() {
         "{endpoint} vs {receiver}"
     );
 }
+
+#[test]
+fn operations_doc_lists_every_variable_of_every_binary() {
+    let doc = read("docs/operations.md");
+    let wildcards: Vec<String> = doc
+        .split('`')
+        .filter(|w| {
+            w.ends_with("_*")
+                && w.chars()
+                    .all(|c| c.is_ascii_uppercase() || c == '_' || c == '*')
+        })
+        .map(|w| w.trim_end_matches('*').to_owned())
+        .collect();
+    for binary in deploy_checks::SERVICE_PACKAGES {
+        for name in env_names(binary).unwrap() {
+            let listed = doc.contains(&format!("`{name}`"))
+                || wildcards.iter().any(|w| name.starts_with(w.as_str()));
+            assert!(listed, "docs/operations.md does not list {name} ({binary})");
+        }
+    }
+}

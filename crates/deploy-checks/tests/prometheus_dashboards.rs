@@ -488,7 +488,7 @@ async fn heavy_prometheus_scrapes_the_services_and_every_dashboard_query_returns
             }
             match prometheus.query(&expr).await {
                 Ok(result) if result.is_empty() => {
-                    problems.push(format!("{file} «{title}»: no data: {expr}"))
+                    problems.push(format!("{file} «{title}»: no data: {expr}"));
                 }
                 Ok(_) => {}
                 Err(e) => problems.push(format!("{file} «{title}»: {e}: {expr}")),
