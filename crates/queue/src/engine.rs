@@ -151,7 +151,7 @@ impl Engine {
             inflight: Arc::clone(&inflight),
             completions: tx,
             metrics: metrics.clone(),
-            db_health: DbHealth::default(),
+            db_health: Arc::new(DbHealth::default()),
             waker: Arc::clone(b.client.waker()),
         });
         rt.db_health.record(true);
@@ -227,11 +227,14 @@ impl Engine {
             background.clone(),
         ));
         if let Some(handle) = leader {
-            tasks.spawn(maintenance::run(
-                Arc::clone(&rt),
-                handle,
-                background.clone(),
-            ));
+            let ctx = Arc::new(maintenance::MaintenanceContext {
+                pool: pool.clone(),
+                config: config.clone(),
+                hooks: b.client.hooks(),
+                db_health: Arc::clone(&rt.db_health),
+                waker: Arc::clone(b.client.waker()),
+            });
+            tasks.spawn(maintenance::run(ctx, handle, background.clone()));
         }
         let abandon = CancellationToken::new();
         let completer = tokio::spawn(

@@ -7,7 +7,8 @@
 //!   handlers run behind a [`Middleware`] chain with timeouts, panic capture and cancellation;
 //!   completions are persisted in batches, each guarded so no attempt is completed twice.
 //! - Dead workers are found by heartbeat and their jobs rescued; final jobs are cleaned after a
-//!   retention; both run once fleet-wide under a PostgreSQL lease ([`leader`]).
+//!   retention; both run once fleet-wide under a PostgreSQL lease ([`leader`]), held by an engine
+//!   or by a [`Maintainer`] in a process that works no queue.
 //! - [`TransitionHook`] and [`FetchGate`] let other crates act inside the queue's transactions
 //!   (quota billing, per-user fairness).
 //!
@@ -49,5 +50,7 @@ pub use handler::{FnWorker, Worker, Workers};
 pub use hooks::{FetchGate, Transition, TransitionHook};
 pub use insert::{Inserted, NewJob};
 pub use job::{AttemptError, FailureKind, JobId, JobRow, JobState};
+pub use leader::{LeaderElector, LeaderHandle};
+pub use maintenance::Maintainer;
 pub use middleware::{Middleware, Next};
 pub use outcome::{JobError, JobOutcome, from_anyhow};

@@ -5,6 +5,10 @@
 //!   out of attempts or cancel-requested), and dead worker rows are removed;
 //! - cleaner: final jobs past their retention are deleted, in batches.
 //!
+//! Every [`Engine`](crate::Engine) with `maintenance` on takes part in the election. A process that
+//! works no queue (the scheduler) takes part through a [`Maintainer`], with the same tasks, the same
+//! lease and the same transition hooks, so whoever wins does exactly the same work.
+//!
 //! The rescuer only acts once this process has seen the database answer for a whole rescue window:
 //! after a database outage every worker's heartbeat is stale, and rescuing at once would re-run
 //! every job in flight.
@@ -15,49 +19,165 @@ use std::time::Duration;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use crate::client::Client;
 use crate::config::EngineConfig;
 use crate::error::QueueError;
 use crate::hooks::{Transition, TransitionHook, run_hooks, wakes_after_commit};
 use crate::insert::INSERT_CHANNEL;
-use crate::leader::{LeaderHandle, duration_millis};
-use crate::runtime::Runtime;
+use crate::leader::{LeaderElector, LeaderHandle, duration_millis};
+use crate::notifier::Notifier;
+use crate::runtime::DbHealth;
 use crate::wake::Waker;
 
 /// The lease name for queue maintenance.
 pub const MAINTENANCE_LEASE: &str = "queue-maintenance";
 const BATCH: i64 = 10_000;
 
-pub(crate) async fn run(rt: Arc<Runtime>, leader: LeaderHandle, shutdown: CancellationToken) {
+/// What the maintenance tasks need from the process running them.
+pub(crate) struct MaintenanceContext {
+    pub(crate) pool: PgPool,
+    pub(crate) config: EngineConfig,
+    pub(crate) hooks: Arc<[Arc<dyn TransitionHook>]>,
+    /// Since when this process has seen the database answer (the rescuer waits for a whole
+    /// rescue window of answers).
+    pub(crate) db_health: Arc<DbHealth>,
+    /// Wakes producers after a rescue made jobs runnable (or freed slots) again.
+    pub(crate) waker: Arc<Waker>,
+}
+
+/// Queue maintenance for a process that works no queue (the scheduler): it campaigns for the
+/// `queue-maintenance` lease like every engine does and, while it holds it, promotes, rescues and
+/// cleans on `config`'s intervals, running the [`Client`]'s transition hooks in the rescue
+/// transaction exactly as an engine would (quota release, fairness wake-up).
+///
+/// Of `config` it uses `leader_ttl`, `promote_interval`, `rescue_interval`, `rescue_after`,
+/// `clean_interval`, the retentions, and `heartbeat_interval` (how often it checks that the
+/// database answers, which the rescuer needs); `rescue_after` must be the workers' value.
+pub struct Maintainer {
+    ctx: Arc<MaintenanceContext>,
+    elector: LeaderElector,
+    leader: LeaderHandle,
+}
+
+impl std::fmt::Debug for Maintainer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Maintainer")
+            .field("elector", &self.elector)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Maintainer {
+    /// Validates `config` and registers the election's wake-up (resignations of the lease) on
+    /// `notifier`, which the caller runs. Returns the maintainer and a handle that tells whether
+    /// this process currently holds the maintenance lease.
+    pub fn new(
+        client: &Client,
+        config: EngineConfig,
+        candidate_id: impl Into<String>,
+        notifier: &mut Notifier,
+    ) -> Result<(Maintainer, LeaderHandle), QueueError> {
+        config.validate().map_err(QueueError::Config)?;
+        let pool = client.pool().clone();
+        let (elector, leader) = LeaderElector::new(
+            pool.clone(),
+            MAINTENANCE_LEASE,
+            candidate_id,
+            config.leader_ttl,
+            notifier,
+        );
+        let ctx = Arc::new(MaintenanceContext {
+            pool,
+            config,
+            hooks: client.hooks(),
+            db_health: Arc::new(DbHealth::default()),
+            waker: Arc::clone(client.waker()),
+        });
+        Ok((
+            Maintainer {
+                ctx,
+                elector,
+                leader: leader.clone(),
+            },
+            leader,
+        ))
+    }
+
+    /// Campaigns and, while leader, maintains, until `shutdown`; then resigns the lease (at once,
+    /// with a notification, so another candidate takes over without waiting for it to expire).
+    pub async fn run(self, shutdown: CancellationToken) {
+        let Maintainer {
+            ctx,
+            elector,
+            leader,
+        } = self;
+        let tasks = CancellationToken::new();
+        let probe = probe_database(Arc::clone(&ctx), tasks.clone());
+        let work = run(ctx, leader, tasks.clone());
+        let election = elector.run(shutdown.clone());
+        let stop_tasks = async {
+            shutdown.cancelled().await;
+            tasks.cancel();
+        };
+        tokio::join!(probe, work, election, stop_tasks);
+    }
+}
+
+/// Records whether the database answers, every heartbeat interval (an engine learns this from
+/// its heartbeats and fetches; a [`Maintainer`] has neither).
+async fn probe_database(ctx: Arc<MaintenanceContext>, shutdown: CancellationToken) {
+    let mut ticker = tokio::time::interval(ctx.config.heartbeat_interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        let ok = sqlx::query("SELECT 1").execute(&ctx.pool).await.is_ok();
+        ctx.db_health.record(ok);
+    }
+}
+
+pub(crate) async fn run(
+    ctx: Arc<MaintenanceContext>,
+    leader: LeaderHandle,
+    shutdown: CancellationToken,
+) {
     let promote = periodic(
         "promote",
-        rt.config.promote_interval,
+        ctx.config.promote_interval,
         leader.clone(),
         shutdown.clone(),
         {
-            let rt = Arc::clone(&rt);
+            let ctx = Arc::clone(&ctx);
             move || {
-                let rt = Arc::clone(&rt);
-                async move { promote_due(&rt.pool).await.map(|_| ()) }
+                let ctx = Arc::clone(&ctx);
+                async move { promote_due(&ctx.pool).await.map(|_| ()) }
             }
         },
     );
     let rescue = periodic(
         "rescue",
-        rt.config.rescue_interval,
+        ctx.config.rescue_interval,
         leader.clone(),
         shutdown.clone(),
         {
-            let rt = Arc::clone(&rt);
+            let ctx = Arc::clone(&ctx);
             move || {
-                let rt = Arc::clone(&rt);
+                let ctx = Arc::clone(&ctx);
                 async move {
-                    let settled = rt
+                    let settled = ctx
                         .db_health
                         .healthy_for()
-                        .is_some_and(|d| d >= rt.config.rescue_after);
+                        .is_some_and(|d| d >= ctx.config.rescue_after);
                     if settled {
-                        rescue_dead_workers(&rt.pool, &rt.hooks, &rt.waker, rt.config.rescue_after)
-                            .await?;
+                        rescue_dead_workers(
+                            &ctx.pool,
+                            &ctx.hooks,
+                            &ctx.waker,
+                            ctx.config.rescue_after,
+                        )
+                        .await?;
                     }
                     Ok(())
                 }
@@ -66,12 +186,12 @@ pub(crate) async fn run(rt: Arc<Runtime>, leader: LeaderHandle, shutdown: Cancel
     );
     let clean = periodic(
         "clean",
-        rt.config.clean_interval,
+        ctx.config.clean_interval,
         leader,
         shutdown,
         move || {
-            let rt = Arc::clone(&rt);
-            async move { clean_finalized(&rt.pool, &rt.config).await.map(|_| ()) }
+            let ctx = Arc::clone(&ctx);
+            async move { clean_finalized(&ctx.pool, &ctx.config).await.map(|_| ()) }
         },
     );
     tokio::join!(promote, rescue, clean);

@@ -110,6 +110,6 @@ pub(crate) struct Runtime {
     pub(crate) inflight: Arc<Inflight>,
     pub(crate) completions: mpsc::Sender<Completion>,
     pub(crate) metrics: QueueMetrics,
-    pub(crate) db_health: DbHealth,
+    pub(crate) db_health: Arc<DbHealth>,
     pub(crate) waker: Arc<crate::wake::Waker>,
 }

@@ -1,5 +1,6 @@
-//! The worker's small HTTP surface: `/healthz` (the process is alive), `/readyz` (the database
-//! answers and carries every migration), `/metrics` (Prometheus text).
+//! The small HTTP surface of a background service: `/healthz` (the process is alive), `/readyz`
+//! (the database answers and carries every migration), `/metrics` (Prometheus text). The worker
+//! services serve exactly these; the scheduler adds its own routes to [`routes`].
 
 use axum::Router;
 use axum::extract::State;
@@ -9,16 +10,17 @@ use axum::routing::get;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-pub(crate) async fn serve(
-    listener: tokio::net::TcpListener,
-    pool: PgPool,
-    done: CancellationToken,
-) {
-    let app = Router::new()
+/// `/healthz`, `/readyz` and `/metrics`, ready to be extended with more routes.
+pub fn routes(pool: PgPool) -> Router {
+    Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
-        .with_state(pool);
+        .with_state(pool)
+}
+
+/// Serves `app` on `listener` until `done` is cancelled.
+pub async fn serve(listener: tokio::net::TcpListener, app: Router, done: CancellationToken) {
     if let Err(e) = axum::serve(listener, app)
         .with_graceful_shutdown(async move { done.cancelled().await })
         .await

@@ -5,7 +5,7 @@
 //! SIGTERM/SIGINT.
 
 pub mod config;
-mod health;
+pub mod health;
 pub mod sleep;
 pub mod tracing_mw;
 
@@ -71,7 +71,11 @@ pub async fn run(
             source,
         })?;
     let http_done = CancellationToken::new();
-    let http = tokio::spawn(health::serve(listener, pool.clone(), http_done.clone()));
+    let http = tokio::spawn(health::serve(
+        listener,
+        health::routes(pool.clone()),
+        http_done.clone(),
+    ));
 
     let ready = wait_for_schema(&pool, &shutdown).await;
     let result = if ready {
@@ -146,7 +150,7 @@ pub fn lazy_pool(config: &WorkerConfig) -> Result<PgPool, WorkerError> {
 }
 
 /// Waits until the database is reachable and fully migrated; false if shut down first.
-async fn wait_for_schema(pool: &PgPool, shutdown: &CancellationToken) -> bool {
+pub async fn wait_for_schema(pool: &PgPool, shutdown: &CancellationToken) -> bool {
     let mut delay = Duration::from_millis(200);
     let mut warned = false;
     loop {
