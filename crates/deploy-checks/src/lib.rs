@@ -9,4 +9,4 @@ pub mod promql;
 /// The service binaries the checks build and start, each a package of the same name whose
 /// Prometheus scrape job (deploy/prometheus/prometheus.yml) has that name too. A new service is
 /// one line here.
-pub const SERVICE_PACKAGES: &[&str] = &["web", "analyzer-worker", "specgen-worker"];
+pub const SERVICE_PACKAGES: &[&str] = &["web", "analyzer-worker", "specgen-worker", "scheduler"];

@@ -65,6 +65,7 @@ fn service_env(db: &TestDb) -> Vec<(&'static str, String)> {
         ("WORKER_SLEEP_JOBS", "true".into()),
         ("QUEUE_POLL_INTERVAL", "200ms".into()),
         ("QUEUE_PROMOTE_INTERVAL", "200ms".into()),
+        ("QUEUE_DEPTH_INTERVAL", "1s".into()),
     ]
 }
 

@@ -296,6 +296,11 @@ pub fn env_names(binary: &str) -> Option<BTreeSet<String>> {
             n.insert("FAIRLANE_CONFIG".into());
             n
         }
+        "scheduler" => {
+            let mut n = config_names(&scheduler::Config::default());
+            n.insert("FAIRLANE_CONFIG".into());
+            n
+        }
         _ => return None,
     };
     names.extend(SDK_VARIABLES.iter().map(|s| (*s).to_owned()));
