@@ -92,6 +92,11 @@ async fn heavy_a_request_and_the_job_it_enqueued_share_one_trace_across_processe
         web_spans.iter().any(|s| s.span_id == enqueuing_span),
         "the job's parent {enqueuing_span} is not a web span: {web_spans:?}"
     );
+    let request_span = web_spans
+        .iter()
+        .find(|s| s.span_id == enqueuing_span)
+        .unwrap();
+    assert_eq!(request_span.name, "POST /v1/analyses");
     let job_span = worker_spans
         .iter()
         .find(|s| s.parent_span_id == enqueuing_span)
