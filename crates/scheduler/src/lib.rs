@@ -207,13 +207,16 @@ async fn run_ready(
     Ok(())
 }
 
-/// The hooks every process that finishes or rescues jobs runs: quota billing/release and the
-/// fairness wake-up, for the queues of both worker services.
+/// The hooks every process that finishes or rescues jobs runs: quota billing/release, the
+/// analysis/specview records' final state, and the fairness wake-up, for the queues of both worker
+/// services. (The maintenance leader may be this process; a job it discards must end exactly as
+/// in a worker.)
 fn maintenance_hooks() -> Vec<Arc<dyn TransitionHook>> {
     let queues: Vec<QueueName> = Service::ALL.iter().flat_map(|s| s.queues()).collect();
     vec![
         Arc::new(FairnessHook::new(&queues)),
         Arc::new(QuotaHook::new()),
+        Arc::new(records::RecordHook::new()),
     ]
 }
 

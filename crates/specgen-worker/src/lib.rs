@@ -1,14 +1,20 @@
-//! The `specgen-worker` service: works the specview queues: turns analyses into behaviour specifications. It works `specview_priority`,
-//! `specview_default` and `specview_scheduled` with
+//! The `specgen-worker` service: works the specview queues: turns analyses into behaviour
+//! specifications. It works `specview_priority`, `specview_default` and `specview_scheduled` with
 //! `SPECGEN_QUEUE_{PRIORITY,DEFAULT,SCHEDULED}_WORKERS` workers (3/2/1 by default), behind
-//! fleet-wide per-user fairness.
+//! fleet-wide per-user fairness. The `specview` handler is in [`specview`] (docs/analysis.md).
+
+pub mod specview;
+
+use std::sync::Arc;
 
 use common::Service;
-use queue::Workers;
+use queue::{TransitionHook, Workers};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use workerkit::{WorkerConfig, WorkerError, WorkerSpec};
+
+pub use specview::{SpecviewOutput, SpecviewResult, SpecviewWorker};
 
 /// The service's configuration: its lane sizes plus what every worker service reads.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -41,6 +47,16 @@ impl Default for Config {
     }
 }
 
+/// The hooks every specview job transition runs with: quota billing/release and the record's
+/// settlement, in the job's own transaction. ([`records::RecordHook`] settles analysis records
+/// too: the fleet's maintenance leader, whichever process it is, may rescue or discard any job.)
+pub fn hooks() -> Vec<Arc<dyn TransitionHook>> {
+    vec![
+        Arc::new(quota::QuotaHook::new()),
+        Arc::new(records::RecordHook::new()),
+    ]
+}
+
 /// Runs the service until `shutdown`, then drains.
 pub async fn run(
     config: &Config,
@@ -48,6 +64,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), WorkerError> {
     let mut workers = Workers::new();
+    workers.register(SpecviewWorker::new(pool.clone()));
     if config.worker.worker_sleep_jobs {
         workerkit::sleep::register(&mut workers);
     }
@@ -60,8 +77,7 @@ pub async fn run(
             config.specgen_queue_scheduled_workers,
         ],
         workers,
-        // Bill on success, release on final failure or cancel, in the job's own transaction.
-        hooks: vec![std::sync::Arc::new(quota::QuotaHook::new())],
+        hooks: hooks(),
     };
     workerkit::run(&config.worker, spec, pool, shutdown).await
 }

@@ -30,6 +30,9 @@ pub struct WebConfig {
     pub ratelimit_deadline: Duration,
     /// Accept `file://` repositories (tests and local development only).
     pub analyzer_allow_file_urls: bool,
+    /// Accept hosts that are or resolve to loopback, private, link-local … addresses (an
+    /// internal git server; the analyzer reads the same variable).
+    pub analyzer_allow_private_hosts: bool,
     /// Longest time one request may take before it is answered with 503 and rolled back.
     #[serde(with = "humantime_serde")]
     pub http_request_timeout: Duration,
@@ -62,6 +65,7 @@ impl Default for WebConfig {
             ratelimit_enabled: true,
             ratelimit_deadline: Duration::from_millis(20),
             analyzer_allow_file_urls: false,
+            analyzer_allow_private_hosts: false,
             http_request_timeout: Duration::from_secs(30),
             http_body_limit: 16 * 1024,
             resolve_timeout: Duration::from_secs(10),
@@ -105,6 +109,7 @@ mod tests {
         assert_eq!(c.admin_token, None);
         assert_eq!(c.redis_url, None);
         assert!(!c.analyzer_allow_file_urls);
+        assert!(!c.analyzer_allow_private_hosts);
         assert_eq!(c.quota, quota::QuotaConfig::default());
         assert_eq!(c.telemetry.otel_service_name, "fairlane-web");
     }
@@ -120,6 +125,7 @@ mod tests {
                 ("REDIS_URL", "redis://127.0.0.1:6379"),
                 ("RATELIMIT_RULES", "/etc/rules.yaml"),
                 ("ANALYZER_ALLOW_FILE_URLS", "true"),
+                ("ANALYZER_ALLOW_PRIVATE_HOSTS", "true"),
                 ("HTTP_REQUEST_TIMEOUT", "5s"),
                 ("QUOTA_ANALYSIS_ENTERPRISE_LIMIT", "7"),
                 ("QUOTA_RESERVATION_TTL", "2h"),
@@ -133,6 +139,7 @@ mod tests {
         assert_eq!(c.redis_url.as_deref(), Some("redis://127.0.0.1:6379"));
         assert_eq!(c.ratelimit_rules, "/etc/rules.yaml");
         assert!(c.analyzer_allow_file_urls);
+        assert!(c.analyzer_allow_private_hosts);
         assert_eq!(c.http_request_timeout, Duration::from_secs(5));
         assert_eq!(c.quota.quota_analysis_enterprise_limit, 7);
         assert_eq!(c.quota.quota_reservation_ttl, Duration::from_secs(7200));

@@ -120,6 +120,7 @@ pub fn build_state(config: &WebConfig, pool: PgPool) -> anyhow::Result<AppState>
     let queue =
         queue::Client::new(pool.clone()).with_hooks(vec![Arc::new(quota::QuotaHook::new())]);
     let mut url_policy = inventory::UrlPolicy::with_file_urls(config.analyzer_allow_file_urls);
+    url_policy.allow_private_hosts = config.analyzer_allow_private_hosts;
     url_policy.dns_timeout = config.resolve_timeout;
     let resolve_limits = inventory::Limits {
         resolve_time: config.resolve_timeout,

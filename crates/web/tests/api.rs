@@ -1008,3 +1008,97 @@ async fn a_request_past_the_timeout_is_a_503_and_rolled_back() {
     );
     s.stop().await;
 }
+
+#[tokio::test]
+async fn staged_results_stay_hidden_until_completed_and_job_filled_copies_are_not_cache_hits() {
+    let db = TestDb::new().await;
+    let s = start(&db).await;
+    let (_, key) = user_with_key(&db.pool, "pro").await;
+    let created = s
+        .http
+        .post_json("/v1/analyses", &key, &analysis_body(21))
+        .await
+        .json();
+    let analysis = created["analysis_id"].as_str().unwrap().to_owned();
+    let path = format!("/v1/analyses/{analysis}");
+    // A worker staged its result but the job has not completed: nothing is shown yet.
+    sqlx::query(
+        "UPDATE analyses SET state = 'running', result = '{\"tests\": 3}' WHERE id = $1::uuid",
+    )
+    .bind(&analysis)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let view = s.http.get(&path, &key).await.json();
+    assert_eq!(view["state"], "running");
+    assert!(view["result"].is_null(), "{view}");
+    // Completed as a copy of another original (the job ran and was billed): shown, not "cached".
+    sqlx::query(
+        "UPDATE analyses SET state = 'completed', completed_at = now(), \
+         cached_from = gen_random_uuid() WHERE id = $1::uuid",
+    )
+    .bind(&analysis)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let view = s.http.get(&path, &key).await.json();
+    assert_eq!(view["result"]["tests"], 3);
+    assert_eq!(view["cached"], false);
+    assert_eq!(view["job_id"], created["job"]["id"]);
+
+    // The same for a specview's staged Markdown.
+    let r = s
+        .http
+        .post_json("/v1/specviews", &key, &json!({"analysis_id": analysis}))
+        .await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    let specview = r.json()["specview_id"].as_str().unwrap().to_owned();
+    sqlx::query(
+        "UPDATE specviews SET state = 'running', result = '{}', markdown = '# Spec' \
+         WHERE id = $1::uuid",
+    )
+    .bind(&specview)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let path = format!("/v1/specviews/{specview}");
+    let auth = format!("Bearer {key}");
+    let md_headers = [
+        ("authorization", auth.as_str()),
+        ("accept", "text/markdown"),
+    ];
+    let early = s.http.send(Method::GET, &path, &md_headers, None).await;
+    let problem = early.problem(409, "conflict");
+    assert!(problem["detail"].as_str().unwrap().contains("running"));
+    let view = s.http.get(&path, &key).await.json();
+    assert!(
+        view["result"].is_null() && view["markdown"].is_null(),
+        "{view}"
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn private_hosts_are_refused_unless_the_analyzer_may_reach_them() {
+    let db = TestDb::new().await;
+    let (_, key) = user_with_key(&db.pool, "pro").await;
+    let body = json!({"repository": "https://10.1.2.3/org/repo.git", "ref": sha(31)});
+    let s = start(&db).await;
+    let refused = s.http.post_json("/v1/analyses", &key, &body).await;
+    let problem = refused.problem(422, "validation_failed");
+    assert!(
+        problem["detail"].as_str().unwrap().contains("private"),
+        "{problem}"
+    );
+    assert_eq!(written_rows(&db.pool).await, [0, 0, 0, 0, 0]);
+    s.stop().await;
+
+    let s = TestServer::start(web::WebConfig {
+        analyzer_allow_private_hosts: true,
+        ..config(&db)
+    })
+    .await;
+    let accepted = s.http.post_json("/v1/analyses", &key, &body).await;
+    assert_eq!(accepted.status, 202, "{}", accepted.text());
+    s.stop().await;
+}

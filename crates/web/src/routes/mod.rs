@@ -177,11 +177,15 @@ impl From<String> for WorkState {
     }
 }
 
-/// The columns of [`AnalysisView`], for `SELECT` and `RETURNING` lists.
+/// The columns of [`AnalysisView`], for `SELECT` and `RETURNING` lists. A worker stages its
+/// result while the record is still `running`; it is shown once the record is `completed` (in the
+/// job's final transaction, when it is also billed). `cached` means the record was filled from
+/// the cache without a job of its own; a job that found its commit already analysed by someone
+/// else stores a copy too (`cached_from`), but it ran and was billed.
 pub const ANALYSIS_COLUMNS: &str = "id, repository, requested_ref, commit, state::text AS state, \
-     job_id, cached_from IS NOT NULL AS cached, \
-     CASE WHEN jsonb_typeof(result) = 'object' THEN result END AS result, error, \
-     created_at, updated_at, completed_at";
+     job_id, cached_from IS NOT NULL AND job_id IS NULL AS cached, \
+     CASE WHEN state = 'completed' AND jsonb_typeof(result) = 'object' THEN result END AS result, \
+     error, created_at, updated_at, completed_at";
 
 /// A specview record.
 #[derive(Debug, Clone, Serialize, ToSchema, sqlx::FromRow)]
@@ -202,8 +206,10 @@ pub struct SpecviewView {
     pub completed_at: Option<DateTime<Utc>>,
 }
 
+/// The columns of [`SpecviewView`]; like analyses, results are shown once `completed`.
 pub const SPECVIEW_COLUMNS: &str = "id, analysis_id, state::text AS state, job_id, \
-     CASE WHEN jsonb_typeof(result) = 'object' THEN result END AS result, markdown, error, \
+     CASE WHEN state = 'completed' AND jsonb_typeof(result) = 'object' THEN result END AS result, \
+     CASE WHEN state = 'completed' THEN markdown END AS markdown, error, \
      created_at, updated_at, completed_at";
 
 /// Whether `s` is a full commit id (SHA-1 or SHA-256 hex), which needs no network to resolve.

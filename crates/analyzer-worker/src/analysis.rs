@@ -1,0 +1,310 @@
+//! The `analysis` job: inventories the tests of a repository at one commit and stages the
+//! result on its `analyses` record, which [`records::RecordHook`] completes (or fails) in the
+//! job's final transaction.
+//!
+//! Steps: claim the record (`running`); vet its URL with the configured policy, DNS included,
+//! right before fetching; fetch exactly the record's commit (a user's request, resolved by the
+//! API; the branch may have moved since) or, for a system re-analysis without a commit, resolve
+//! the requested ref (default: the remote's default branch) and fetch that; scan the checkout off
+//! the async workers; stage the inventory (`inventory::Analysis` as JSON) and the commit; set the
+//! job's output. The checkout folder is removed on every path (success, error, timeout, cancel,
+//! panic); a crashed process's folders are swept when the service starts again.
+//!
+//! Failures that retrying cannot fix (missing repository or ref, caps, policy, a timed-out fetch)
+//! cancel the job for good, with the reason as the record's error; others (DNS, network, database)
+//! are retried by the queue's rules.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use common::AnalysisArgs;
+use inventory::model::Totals;
+use inventory::{FetchError, ResolvedRef, ScanError, UrlError, VettedUrl};
+use queue::{JobContext, JobError, Worker};
+use records::analyses::AnalysisRecord;
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::settings::AnalysisSettings;
+
+/// What a completed `analysis` job reports as its output (`GET /v1/jobs/{id}` → `result`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AnalysisOutput {
+    pub analysis_id: Uuid,
+    /// The normalised repository URL.
+    pub repository: String,
+    /// The commit analysed.
+    pub commit: String,
+    /// Test counts overall and per framework.
+    pub totals: Totals,
+}
+
+/// The handler of `analysis` jobs.
+#[derive(Debug, Clone)]
+pub struct AnalysisWorker {
+    pool: PgPool,
+    settings: Arc<AnalysisSettings>,
+}
+
+impl AnalysisWorker {
+    pub fn new(pool: PgPool, settings: AnalysisSettings) -> Self {
+        AnalysisWorker {
+            pool,
+            settings: Arc::new(settings),
+        }
+    }
+}
+
+#[async_trait]
+impl Worker<AnalysisArgs> for AnalysisWorker {
+    async fn work(&self, ctx: &JobContext, args: AnalysisArgs) -> Result<(), JobError> {
+        // Stopping drops the analysis: git is killed and the checkout folder removed.
+        tokio::select! {
+            biased;
+            () = ctx.cancelled() => Err(JobError::msg("stopped before the analysis finished")),
+            result = self.analyse(ctx, &args) => result,
+        }
+    }
+
+    fn timeout(&self) -> Option<Duration> {
+        Some(self.settings.job_timeout())
+    }
+}
+
+impl AnalysisWorker {
+    async fn analyse(&self, ctx: &JobContext, args: &AnalysisArgs) -> Result<(), JobError> {
+        let job_id = ctx.id();
+        let record = records::analyses::claim(&self.pool, args.analysis_id, job_id)
+            .await?
+            .map_err(|refusal| {
+                JobError::Cancel(format!("analysis {} {refusal}", args.analysis_id))
+            })?;
+        let policy = self.settings.url_policy();
+        let vetted = inventory::vet_url(&record.repository, &policy)
+            .await
+            .map_err(|e| url_failure(&e))?;
+        let limits = self.settings.limits();
+        tracing::info!(
+            analysis_id = %record.id,
+            repository = %vetted.url(),
+            commit = record.commit.as_deref().unwrap_or("(default branch)"),
+            "fetching"
+        );
+        let checkout = fetch(&vetted, &record, &limits)
+            .await
+            .map_err(fetch_failure)?;
+        let commit = checkout.commit().to_owned();
+        if let Some(wanted) = &record.commit
+            && *wanted != commit
+        {
+            return Err(JobError::Cancel(format!(
+                "the server would not serve commit {wanted} by its id, and `{}` now points to \
+                 {commit}; request the analysis again",
+                record.requested_ref.as_deref().unwrap_or("HEAD")
+            )));
+        }
+
+        let options = limits.scan_options();
+        let scan = tokio::task::spawn_blocking(move || {
+            let result = inventory::scan_tree(checkout.path(), &options);
+            // The folder is removed here, off the async workers, once the scan is done with it.
+            drop(checkout);
+            result
+        });
+        let cap = self.settings.analyzer_scan_timeout;
+        let inventory = match tokio::time::timeout(cap, scan).await {
+            Err(_) => {
+                return Err(JobError::Cancel(format!(
+                    "scanning the checkout for tests took longer than {cap:?}"
+                )));
+            }
+            Ok(Err(join)) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+            Ok(Err(join)) => return Err(JobError::msg(format!("the scan did not finish: {join}"))),
+            Ok(Ok(scanned)) => scanned.map_err(scan_failure)?,
+        };
+
+        let output = AnalysisOutput {
+            analysis_id: record.id,
+            repository: vetted.url().as_str().to_owned(),
+            commit: commit.clone(),
+            totals: inventory.totals.clone(),
+        };
+        let analysis = inventory::Analysis {
+            repository: output.repository.clone(),
+            requested_ref: record.requested_ref.clone(),
+            commit: commit.clone(),
+            inventory,
+        };
+        if !records::analyses::stage(&self.pool, record.id, job_id, &commit, &analysis).await? {
+            return Err(JobError::Cancel(format!(
+                "analysis {} changed while the job ran; its result was not stored",
+                record.id
+            )));
+        }
+        ctx.set_output(&output).map_err(JobError::from)?;
+        tracing::info!(
+            analysis_id = %record.id,
+            repository = %output.repository,
+            %commit,
+            files = output.totals.overall.files,
+            tests = output.totals.overall.tests,
+            "analysis stored"
+        );
+        Ok(())
+    }
+}
+
+/// Fetches the record's commit, or resolves and fetches its ref when it has none (a system
+/// re-analysis).
+async fn fetch(
+    url: &VettedUrl,
+    record: &AnalysisRecord,
+    limits: &inventory::Limits,
+) -> Result<inventory::Checkout, FetchError> {
+    match fetch_target(record) {
+        Some(target) => inventory::fetch_commit(url, &target, limits).await,
+        None => inventory::fetch(url, record.requested_ref.as_deref(), limits).await,
+    }
+}
+
+/// What to fetch for a record with a commit: that commit by id, with the requested ref (or the
+/// remote's `HEAD`) as the fallback for servers that refuse fetching by id. `None` when the
+/// commit is still to be resolved.
+fn fetch_target(record: &AnalysisRecord) -> Option<ResolvedRef> {
+    let commit = record.commit.clone()?;
+    let requested = record.requested_ref.clone();
+    let fallback = match requested.as_deref() {
+        Some(r) if r.eq_ignore_ascii_case(&commit) => None,
+        Some(r) => Some(r.to_owned()),
+        None => Some("HEAD".to_owned()),
+    };
+    Some(ResolvedRef {
+        requested,
+        ref_name: fallback,
+        commit,
+    })
+}
+
+/// A URL the policy refuses ends the job; a DNS failure may pass and is retried.
+fn url_failure(e: &UrlError) -> JobError {
+    match e {
+        UrlError::Resolution { .. }
+        | UrlError::ResolutionTimedOut { .. }
+        | UrlError::NoAddresses { .. } => JobError::msg(e.to_string()),
+        _ => JobError::Cancel(format!("refused by policy: {e}")),
+    }
+}
+
+fn fetch_failure(e: FetchError) -> JobError {
+    if e.is_permanent() {
+        JobError::Cancel(e.to_string())
+    } else {
+        JobError::Failed(Box::new(e))
+    }
+}
+
+fn scan_failure(e: ScanError) -> JobError {
+    match e {
+        ScanError::TooManyFiles { .. } => JobError::Cancel(e.to_string()),
+        ScanError::Io { .. } => JobError::Failed(Box::new(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use records::WorkState;
+
+    fn record(requested: Option<&str>, commit: Option<&str>) -> AnalysisRecord {
+        AnalysisRecord {
+            id: Uuid::nil(),
+            user_id: None,
+            repository: "https://example.com/r.git".into(),
+            requested_ref: requested.map(str::to_owned),
+            commit: commit.map(str::to_owned),
+            state: WorkState::Running,
+            job_id: Some(1),
+        }
+    }
+
+    fn cancel_reason(e: JobError) -> Option<String> {
+        match e {
+            JobError::Cancel(reason) => Some(reason),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_user_request_fetches_exactly_its_commit() {
+        let sha = "a".repeat(40);
+        let t = fetch_target(&record(Some("main"), Some(&sha))).unwrap();
+        assert_eq!(
+            (t.commit.as_str(), t.ref_name.as_deref()),
+            (sha.as_str(), Some("main"))
+        );
+        let t = fetch_target(&record(None, Some(&sha))).unwrap();
+        assert_eq!(t.ref_name.as_deref(), Some("HEAD"));
+        let t = fetch_target(&record(Some(&sha.to_uppercase()), Some(&sha))).unwrap();
+        assert_eq!(t.ref_name, None);
+        assert_eq!(fetch_target(&record(Some("main"), None)), None);
+    }
+
+    #[test]
+    fn permanent_failures_cancel_and_transient_ones_retry() {
+        assert_eq!(
+            cancel_reason(fetch_failure(FetchError::TooManyFiles { limit: 5 })).as_deref(),
+            Some("the repository has too many files: more than 5")
+        );
+        assert!(
+            cancel_reason(fetch_failure(FetchError::TimedOut {
+                stage: inventory::Stage::Fetch,
+                limit: Duration::from_secs(2),
+            }))
+            .is_some_and(|r| r.starts_with("timed out while fetching"))
+        );
+        assert!(
+            cancel_reason(fetch_failure(FetchError::RepositoryNotFound)).is_some(),
+            "not found"
+        );
+        assert!(matches!(
+            fetch_failure(FetchError::Unreachable {
+                detail: "reset".into()
+            }),
+            JobError::Failed(_)
+        ));
+        assert_eq!(
+            cancel_reason(url_failure(&UrlError::FileUrlsNotAllowed)).as_deref(),
+            Some(
+                "refused by policy: file:// repository URLs are not allowed on this service; use an https:// URL"
+            )
+        );
+        assert!(matches!(
+            url_failure(&UrlError::NoAddresses { host: "x.y".into() }),
+            JobError::Failed(_)
+        ));
+        assert!(cancel_reason(scan_failure(ScanError::TooManyFiles { limit: 3 })).is_some());
+        assert!(matches!(
+            scan_failure(ScanError::Io {
+                path: "a".into(),
+                source: std::io::Error::other("x")
+            }),
+            JobError::Failed(_)
+        ));
+    }
+
+    #[test]
+    fn credentials_never_reach_the_reason() {
+        let e = inventory::check_url(
+            "https://user:hunter2@example.com/r.git",
+            &inventory::UrlPolicy::default(),
+        )
+        .unwrap_err();
+        let reason = cancel_reason(url_failure(&e)).unwrap();
+        assert!(
+            !reason.contains("hunter2") && !reason.contains("user:"),
+            "{reason}"
+        );
+    }
+}

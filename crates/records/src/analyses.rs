@@ -1,0 +1,78 @@
+//! The `analyses` record as the analysis handler sees it: claim it, then stage the result.
+
+use serde::Serialize;
+use sqlx::PgPool;
+use sqlx::types::Json;
+use uuid::Uuid;
+
+use crate::{Refusal, WorkState, refusal};
+
+/// An analysis record claimed by its job.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct AnalysisRecord {
+    pub id: Uuid,
+    /// `None` for a system (scheduler) re-analysis.
+    pub user_id: Option<Uuid>,
+    /// The normalised repository URL.
+    pub repository: String,
+    /// The ref as requested (`None` = the default branch).
+    pub requested_ref: Option<String>,
+    /// The commit to analyse; `None` for a system re-analysis (the handler resolves it).
+    pub commit: Option<String>,
+    pub state: WorkState,
+    pub job_id: Option<i64>,
+}
+
+const COLUMNS: &str = "id, user_id, repository, requested_ref, commit, state, job_id";
+
+/// Marks the analysis `running` for `job_id` and returns it. A record without a job is linked to
+/// this one; a record of another job, or one already `completed`/`failed`, is refused.
+pub async fn claim(
+    pool: &PgPool,
+    analysis_id: Uuid,
+    job_id: i64,
+) -> Result<Result<AnalysisRecord, Refusal>, sqlx::Error> {
+    let claimed: Option<AnalysisRecord> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "UPDATE analyses SET state = 'running', updated_at = now(), job_id = $2 \
+         WHERE id = $1 AND state IN ('pending', 'running') \
+           AND (job_id IS NULL OR job_id = $2) \
+         RETURNING {COLUMNS}"
+    )))
+    .bind(analysis_id)
+    .bind(job_id)
+    .fetch_optional(pool)
+    .await?;
+    if let Some(record) = claimed {
+        return Ok(Ok(record));
+    }
+    let found: Option<(WorkState, Option<i64>)> =
+        sqlx::query_as("SELECT state, job_id FROM analyses WHERE id = $1")
+            .bind(analysis_id)
+            .fetch_optional(pool)
+            .await?;
+    Ok(Err(refusal(found, job_id)))
+}
+
+/// Stores the analysed commit and the result on a `running` record of `job_id`, which stays
+/// `running` until [`crate::RecordHook`] settles it with the job. A user's record keeps its
+/// commit: staging a different one is refused. Returns whether the record was updated.
+pub async fn stage<T: Serialize + Sync>(
+    pool: &PgPool,
+    analysis_id: Uuid,
+    job_id: i64,
+    commit: &str,
+    result: &T,
+) -> Result<bool, sqlx::Error> {
+    let updated = sqlx::query(
+        "UPDATE analyses SET commit = $3, result = $4, error = NULL, updated_at = now() \
+         WHERE id = $1 AND job_id = $2 AND state = 'running' \
+           AND (commit IS NULL OR commit = $3)",
+    )
+    .bind(analysis_id)
+    .bind(job_id)
+    .bind(commit)
+    .bind(Json(result))
+    .execute(pool)
+    .await?;
+    Ok(updated.rows_affected() == 1)
+}

@@ -1,0 +1,195 @@
+//! [`RecordHook`]: settles analysis and specview records in the same transaction as their job's
+//! final state.
+
+use std::collections::BTreeSet;
+
+use async_trait::async_trait;
+use common::{AnalysisArgs, JobArgs, SpecviewArgs};
+use queue::{BoxError, JobId, JobState, Transition, TransitionHook};
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+/// A [`TransitionHook`] for jobs of kind `analysis` and `specview`:
+///
+/// - `completed`: the record becomes `completed` (its result was staged by the handler). An
+///   analysis of a (repository, commit) that already has a completed original is stored as a
+///   copy of it (`cached_from`), so the unique index `analyses_cache` always holds; concurrent
+///   completions of the same commit are serialized by a transaction-scoped advisory lock.
+/// - `cancelled` / `discarded`: the record becomes `failed`, its staged result is dropped and
+///   `error` says why (the handler's cancel reason, "cancelled by the user", or the last attempt's
+///   error after attempts ran out).
+/// - anything else (retry, snooze, rescue to `available`): nothing changes.
+///
+/// Only records still `pending` or `running` change, so the hook is idempotent. Register it on
+/// every [`queue::Client`] whose engine, rescuer or cancel can move these jobs to a final state —
+/// the maintenance leader may be any process, so both worker services register it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RecordHook {
+    _private: (),
+}
+
+impl RecordHook {
+    pub fn new() -> Self {
+        RecordHook { _private: () }
+    }
+}
+
+#[async_trait]
+impl TransitionHook for RecordHook {
+    async fn on_transitions(
+        &self,
+        conn: &mut PgConnection,
+        transitions: &[Transition],
+    ) -> Result<(), BoxError> {
+        settle(conn, transitions).await?;
+        Ok(())
+    }
+}
+
+/// The hook's work as a function, for callers that finish jobs by hand.
+pub async fn settle(
+    conn: &mut PgConnection,
+    transitions: &[Transition],
+) -> Result<(), sqlx::Error> {
+    let mut analyses_done: Vec<JobId> = Vec::new();
+    let mut analyses_ended: Vec<JobId> = Vec::new();
+    let mut specviews_done: Vec<JobId> = Vec::new();
+    let mut specviews_ended: Vec<JobId> = Vec::new();
+    for t in transitions {
+        let (done, ended) = match t.kind.as_str() {
+            AnalysisArgs::KIND => (&mut analyses_done, &mut analyses_ended),
+            SpecviewArgs::KIND => (&mut specviews_done, &mut specviews_ended),
+            _ => continue,
+        };
+        match t.state {
+            JobState::Completed => done.push(t.job_id),
+            JobState::Cancelled | JobState::Discarded => ended.push(t.job_id),
+            JobState::Available | JobState::Scheduled | JobState::Running | JobState::Retryable => {
+            }
+        }
+    }
+    if !analyses_ended.is_empty() {
+        sqlx::query(sqlx::AssertSqlSafe(fail_statement(
+            "analyses",
+            "result = NULL",
+        )))
+        .bind(&analyses_ended)
+        .execute(&mut *conn)
+        .await?;
+    }
+    if !specviews_ended.is_empty() {
+        sqlx::query(sqlx::AssertSqlSafe(fail_statement(
+            "specviews",
+            "result = NULL, markdown = NULL",
+        )))
+        .bind(&specviews_ended)
+        .execute(&mut *conn)
+        .await?;
+    }
+    if !analyses_done.is_empty() {
+        complete_analyses(conn, &analyses_done).await?;
+    }
+    if !specviews_done.is_empty() {
+        complete_specviews(conn, &specviews_done).await?;
+    }
+    Ok(())
+}
+
+/// Why a job ended without success, in words for the record's `error` (`j` is the job row).
+const FAILURE_MESSAGE: &str = "CASE \
+      WHEN j.state = 'cancelled' AND (j.metadata ->> 'cancel_attempted_at') IS NOT NULL \
+        THEN 'cancelled by the user' \
+      WHEN j.state = 'cancelled' \
+        THEN coalesce(nullif(j.metadata ->> 'cancel_reason', ''), j.errors -> -1 ->> 'error', 'cancelled') \
+      ELSE 'failed after ' || j.attempt || CASE WHEN j.attempt = 1 THEN ' attempt: ' ELSE ' attempts: ' END \
+           || coalesce(j.errors -> -1 ->> 'error', 'no error was recorded') \
+    END";
+
+/// Fails the `pending`/`running` records of `table` whose jobs are in `$1`.
+fn fail_statement(table: &str, cleared: &str) -> String {
+    format!(
+        "UPDATE {table} r SET state = 'failed', {cleared}, updated_at = now(), \
+                error = {FAILURE_MESSAGE} \
+         FROM fairlane_job j \
+         WHERE j.id = ANY($1) AND r.job_id = j.id AND r.state IN ('pending', 'running')"
+    )
+}
+
+/// Records of completed jobs that were never given a result end `failed` (a handler must stage
+/// before succeeding; this only guards against a bug turning into a billed empty record).
+const NO_RESULT: &str = "the job completed without storing a result";
+
+async fn complete_analyses(conn: &mut PgConnection, jobs: &[JobId]) -> Result<(), sqlx::Error> {
+    let rows: Vec<(Uuid, String, Option<String>, bool)> = sqlx::query_as(
+        "SELECT id, repository, commit, result IS NOT NULL FROM analyses \
+         WHERE job_id = ANY($1) AND state IN ('pending', 'running') \
+         ORDER BY id FOR UPDATE",
+    )
+    .bind(jobs)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut broken: Vec<Uuid> = Vec::new();
+    let mut ready: Vec<(Uuid, String, String)> = Vec::new();
+    for (id, repository, commit, has_result) in rows {
+        match commit {
+            Some(commit) if has_result => ready.push((id, repository, commit)),
+            _ => broken.push(id),
+        }
+    }
+    if !broken.is_empty() {
+        tracing::error!(records = ?broken, "analysis jobs completed without a staged result");
+        sqlx::query(
+            "UPDATE analyses SET state = 'failed', error = $2, updated_at = now() \
+             WHERE id = ANY($1)",
+        )
+        .bind(&broken)
+        .bind(NO_RESULT)
+        .execute(&mut *conn)
+        .await?;
+    }
+    // One original per (repository, commit): completions of the same commit take turns, in a
+    // fixed key order so that two batches cannot deadlock.
+    let keys: BTreeSet<String> = ready
+        .iter()
+        .map(|(_, repository, commit)| format!("fairlane-analysis-cache:{repository} {commit}"))
+        .collect();
+    for key in &keys {
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))")
+            .bind(key)
+            .execute(&mut *conn)
+            .await?;
+    }
+    for (id, _, _) in &ready {
+        sqlx::query(
+            "UPDATE analyses a SET state = 'completed', completed_at = now(), updated_at = now(), \
+                    error = NULL, \
+                    cached_from = (SELECT o.id FROM analyses o \
+                                   WHERE o.repository = a.repository AND o.commit = a.commit \
+                                     AND o.state = 'completed' AND o.cached_from IS NULL \
+                                     AND o.id <> a.id \
+                                   LIMIT 1) \
+             WHERE a.id = $1",
+        )
+        .bind(id)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
+async fn complete_specviews(conn: &mut PgConnection, jobs: &[JobId]) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE specviews SET \
+           state = CASE WHEN result IS NOT NULL AND markdown IS NOT NULL \
+                        THEN 'completed' ELSE 'failed' END::fairlane_work_state, \
+           completed_at = CASE WHEN result IS NOT NULL AND markdown IS NOT NULL THEN now() END, \
+           error = CASE WHEN result IS NOT NULL AND markdown IS NOT NULL THEN NULL ELSE $2 END, \
+           updated_at = now() \
+         WHERE job_id = ANY($1) AND state IN ('pending', 'running')",
+    )
+    .bind(jobs)
+    .bind(NO_RESULT)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,108 @@
+//! The `analyses` and `specviews` records that worker jobs fill in (columns: docs/web.md;
+//! life cycle: docs/analysis.md).
+//!
+//! A record's life follows its job, and its end is decided in the job's own final transaction:
+//!
+//! 1. the API (or the scheduler) inserts the record `pending` together with its job, `job_id` set;
+//! 2. the handler [`claims`](analyses::claim) it (`running`), does the work and
+//!    [`stages`](analyses::stage) the result on the record, still `running`;
+//! 3. [`RecordHook`], a [`queue::TransitionHook`], runs inside the transaction that moves the job to
+//!    a final state: `completed` makes the record `completed` (an analysis of a commit that already
+//!    has a completed original becomes a copy of it, `cached_from`), `cancelled` or `discarded`
+//!    makes it `failed` with a message taken from the job.
+//!
+//! So a record is `completed` exactly when its job is, which is exactly when the quota hook bills
+//! it, whatever path ends the job (handler outcome, user cancel, rescue after a crash).
+
+pub mod analyses;
+mod hook;
+pub mod specviews;
+
+pub use hook::{RecordHook, settle};
+
+/// The state of an analysis or specview record (`fairlane_work_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
+#[sqlx(type_name = "fairlane_work_state", rename_all = "snake_case")]
+pub enum WorkState {
+    Pending,
+    Running,
+    Completed,
+    Failed,
+}
+
+impl WorkState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkState::Pending => "pending",
+            WorkState::Running => "running",
+            WorkState::Completed => "completed",
+            WorkState::Failed => "failed",
+        }
+    }
+}
+
+impl std::fmt::Display for WorkState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a handler may not work on a record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// No such record.
+    Missing,
+    /// The record is already `completed` or `failed`.
+    Finished(WorkState),
+    /// The record belongs to another job.
+    OtherJob(i64),
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Refusal::Missing => f.write_str("does not exist"),
+            Refusal::Finished(state) => write!(f, "is already {state}"),
+            Refusal::OtherJob(job) => write!(f, "is filled by job {job}"),
+        }
+    }
+}
+
+/// Why a record cannot be claimed, from what the database holds (`None` = no such record).
+fn refusal(found: Option<(WorkState, Option<i64>)>, job_id: i64) -> Refusal {
+    match found {
+        None => Refusal::Missing,
+        Some((state @ (WorkState::Completed | WorkState::Failed), _)) => Refusal::Finished(state),
+        Some((_, Some(other))) if other != job_id => Refusal::OtherJob(other),
+        // Claimable after all (changed between the two statements): report it as finished
+        // with its state so the caller gives up cleanly rather than looping.
+        Some((state, _)) => Refusal::Finished(state),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_name_the_reason() {
+        assert_eq!(refusal(None, 1), Refusal::Missing);
+        assert_eq!(
+            refusal(Some((WorkState::Completed, Some(1))), 1),
+            Refusal::Finished(WorkState::Completed)
+        );
+        assert_eq!(
+            refusal(Some((WorkState::Failed, None)), 1),
+            Refusal::Finished(WorkState::Failed)
+        );
+        assert_eq!(
+            refusal(Some((WorkState::Running, Some(7))), 1),
+            Refusal::OtherJob(7)
+        );
+        assert_eq!(Refusal::OtherJob(7).to_string(), "is filled by job 7");
+        assert_eq!(
+            Refusal::Finished(WorkState::Failed).to_string(),
+            "is already failed"
+        );
+    }
+}

@@ -1,0 +1,82 @@
+//! The `specviews` record as the specview handler sees it: claim it (with the analysis it is
+//! generated from), then stage the specification.
+
+use serde::Serialize;
+use sqlx::PgPool;
+use sqlx::types::Json;
+use uuid::Uuid;
+
+use crate::{Refusal, WorkState, refusal};
+
+/// A specview record claimed by its job, with its analysis.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct SpecviewRecord {
+    pub id: Uuid,
+    pub user_id: Option<Uuid>,
+    pub analysis_id: Uuid,
+    pub job_id: Option<i64>,
+    /// The analysis's state (a specview needs `completed`).
+    pub analysis_state: WorkState,
+    pub repository: String,
+    pub commit: Option<String>,
+    /// The analysis's stored result (`inventory::Analysis` as JSON), once completed.
+    pub analysis_result: Option<serde_json::Value>,
+}
+
+/// Marks the specview `running` for `job_id` and returns it with its analysis. A record without
+/// a job is linked to this one; a record of another job, or one already `completed`/`failed`, is
+/// refused.
+pub async fn claim(
+    pool: &PgPool,
+    specview_id: Uuid,
+    job_id: i64,
+) -> Result<Result<SpecviewRecord, Refusal>, sqlx::Error> {
+    let claimed: Option<SpecviewRecord> = sqlx::query_as(
+        "WITH claimed AS ( \
+           UPDATE specviews SET state = 'running', updated_at = now(), job_id = $2 \
+           WHERE id = $1 AND state IN ('pending', 'running') \
+             AND (job_id IS NULL OR job_id = $2) \
+           RETURNING id, user_id, analysis_id, job_id \
+         ) \
+         SELECT c.id, c.user_id, c.analysis_id, c.job_id, a.state AS analysis_state, \
+                a.repository, a.commit, \
+                CASE WHEN a.state = 'completed' THEN a.result END AS analysis_result \
+         FROM claimed c JOIN analyses a ON a.id = c.analysis_id",
+    )
+    .bind(specview_id)
+    .bind(job_id)
+    .fetch_optional(pool)
+    .await?;
+    if let Some(record) = claimed {
+        return Ok(Ok(record));
+    }
+    let found: Option<(WorkState, Option<i64>)> =
+        sqlx::query_as("SELECT state, job_id FROM specviews WHERE id = $1")
+            .bind(specview_id)
+            .fetch_optional(pool)
+            .await?;
+    Ok(Err(refusal(found, job_id)))
+}
+
+/// Stores the specification (structured and as Markdown) on a `running` record of `job_id`,
+/// which stays `running` until [`crate::RecordHook`] settles it with the job. Returns whether the
+/// record was updated.
+pub async fn stage<T: Serialize + Sync>(
+    pool: &PgPool,
+    specview_id: Uuid,
+    job_id: i64,
+    result: &T,
+    markdown: &str,
+) -> Result<bool, sqlx::Error> {
+    let updated = sqlx::query(
+        "UPDATE specviews SET result = $3, markdown = $4, error = NULL, updated_at = now() \
+         WHERE id = $1 AND job_id = $2 AND state = 'running'",
+    )
+    .bind(specview_id)
+    .bind(job_id)
+    .bind(Json(result))
+    .bind(markdown)
+    .execute(pool)
+    .await?;
+    Ok(updated.rows_affected() == 1)
+}

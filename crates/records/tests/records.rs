@@ -1,0 +1,517 @@
+//! The record life cycle against real PostgreSQL: claim, stage, and the hook settling records
+//! with their job's final state (completion, copies of an existing original, handler cancel,
+//! user cancel, attempts running out, a rescue after a crash), including two completions of the
+//! same commit at once.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{Service, Tier, select_queue};
+use queue::{JobState, NewJob, Transition, TransitionHook};
+use records::{RecordHook, Refusal, WorkState, analyses, specviews};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use testkit::TestDb;
+use uuid::Uuid;
+
+const REPO: &str = "https://example.com/org/repo.git";
+
+fn sha(n: u64) -> String {
+    format!("{n:040x}")
+}
+
+async fn user(pool: &PgPool) -> Uuid {
+    sqlx::query_scalar("INSERT INTO users (name, tier) VALUES ('u', 'pro') RETURNING id")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// A running job of `kind` (attempt 1 of `max_attempts`, run by a worker that does not exist).
+async fn running_job(pool: &PgPool, kind: &str, max_attempts: i16) -> i64 {
+    let service = if kind == "analysis" {
+        Service::Analysis
+    } else {
+        Service::Specview
+    };
+    let job = NewJob::from_json(kind, select_queue(service, Tier::Pro, false), json!({}))
+        .unwrap()
+        .max_attempts(max_attempts);
+    let mut conn = pool.acquire().await.unwrap();
+    let id = queue::insert::insert(&mut conn, job).await.unwrap().job.id;
+    sqlx::query(
+        "UPDATE fairlane_job SET state = 'running', attempt = 1, attempted_at = now(), \
+         attempted_by = ARRAY['gone-worker'] WHERE id = $1",
+    )
+    .bind(id)
+    .execute(pool)
+    .await
+    .unwrap();
+    id
+}
+
+async fn analysis(pool: &PgPool, user: Option<Uuid>, commit: Option<&str>, job: i64) -> Uuid {
+    sqlx::query_scalar(
+        "INSERT INTO analyses (user_id, repository, commit, job_id) VALUES ($1, $2, $3, $4) \
+         RETURNING id",
+    )
+    .bind(user)
+    .bind(REPO)
+    .bind(commit)
+    .bind(job)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// Moves the job to `state` the way the queue does (with `metadata`/`errors` as given) and runs
+/// the hook in the same transaction.
+async fn finish(pool: &PgPool, job: i64, state: JobState, metadata: Value, errors: Value) {
+    let mut tx = pool.begin().await.unwrap();
+    let t: Transition = sqlx::query_as(
+        "UPDATE fairlane_job SET state = $2, finalized_at = now(), metadata = metadata || $3, \
+         errors = $4 WHERE id = $1 RETURNING id, queue, kind, user_id, state",
+    )
+    .bind(job)
+    .bind(state)
+    .bind(metadata)
+    .bind(errors)
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    RecordHook::new()
+        .on_transitions(&mut tx, &[t])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+}
+
+#[derive(Debug, PartialEq)]
+struct Row {
+    state: WorkState,
+    commit: Option<String>,
+    cached_from: Option<Uuid>,
+    error: Option<String>,
+    has_result: bool,
+    completed: bool,
+}
+
+async fn row(pool: &PgPool, id: Uuid) -> Row {
+    let (state, commit, cached_from, error, has_result, completed): (
+        WorkState,
+        Option<String>,
+        Option<Uuid>,
+        Option<String>,
+        bool,
+        bool,
+    ) = sqlx::query_as(
+        "SELECT state, commit, cached_from, error, result IS NOT NULL, completed_at IS NOT NULL \
+         FROM analyses WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    Row {
+        state,
+        commit,
+        cached_from,
+        error,
+        has_result,
+        completed,
+    }
+}
+
+#[tokio::test]
+async fn a_completed_job_completes_its_staged_analysis_and_a_second_original_becomes_a_copy() {
+    let db = TestDb::new().await;
+    let u = user(&db.pool).await;
+    let first_job = running_job(&db.pool, "analysis", 3).await;
+    let first = analysis(&db.pool, Some(u), Some(&sha(1)), first_job).await;
+
+    let claimed = analyses::claim(&db.pool, first, first_job)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(claimed.state, WorkState::Running);
+    assert_eq!(claimed.commit.as_deref(), Some(sha(1).as_str()));
+    // Another job may not claim it, and a different commit may not be staged on a user's record.
+    assert_eq!(
+        analyses::claim(&db.pool, first, first_job + 1000)
+            .await
+            .unwrap(),
+        Err(Refusal::OtherJob(first_job))
+    );
+    assert!(
+        !analyses::stage(&db.pool, first, first_job, &sha(2), &json!({"n": 1}))
+            .await
+            .unwrap()
+    );
+    assert!(
+        analyses::stage(&db.pool, first, first_job, &sha(1), &json!({"n": 1}))
+            .await
+            .unwrap()
+    );
+    // Staged is not completed: the record waits for its job.
+    let staged = row(&db.pool, first).await;
+    assert_eq!(
+        (staged.state, staged.has_result, staged.completed),
+        (WorkState::Running, true, false)
+    );
+
+    finish(
+        &db.pool,
+        first_job,
+        JobState::Completed,
+        json!({}),
+        json!([]),
+    )
+    .await;
+    let done = row(&db.pool, first).await;
+    assert_eq!(
+        done,
+        Row {
+            state: WorkState::Completed,
+            commit: Some(sha(1)),
+            cached_from: None,
+            error: None,
+            has_result: true,
+            completed: true,
+        }
+    );
+
+    // Another user asked before the first finished: their job completes the same commit.
+    let v = user(&db.pool).await;
+    let second_job = running_job(&db.pool, "analysis", 3).await;
+    let second = analysis(&db.pool, Some(v), Some(&sha(1)), second_job).await;
+    analyses::claim(&db.pool, second, second_job)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        analyses::stage(&db.pool, second, second_job, &sha(1), &json!({"n": 1}))
+            .await
+            .unwrap()
+    );
+    finish(
+        &db.pool,
+        second_job,
+        JobState::Completed,
+        json!({}),
+        json!([]),
+    )
+    .await;
+    let copy = row(&db.pool, second).await;
+    assert_eq!(
+        (copy.state, copy.cached_from),
+        (WorkState::Completed, Some(first))
+    );
+    // Finished records are not claimed again.
+    assert_eq!(
+        analyses::claim(&db.pool, first, first_job).await.unwrap(),
+        Err(Refusal::Finished(WorkState::Completed))
+    );
+    assert_eq!(
+        analyses::claim(&db.pool, Uuid::new_v4(), first_job)
+            .await
+            .unwrap(),
+        Err(Refusal::Missing)
+    );
+}
+
+#[tokio::test]
+async fn a_system_analysis_stores_the_commit_it_resolved() {
+    let db = TestDb::new().await;
+    let job = running_job(&db.pool, "analysis", 3).await;
+    let id = analysis(&db.pool, None, None, job).await;
+    let claimed = analyses::claim(&db.pool, id, job).await.unwrap().unwrap();
+    assert_eq!((claimed.user_id, claimed.commit), (None, None));
+    assert!(
+        analyses::stage(&db.pool, id, job, &sha(9), &json!({}))
+            .await
+            .unwrap()
+    );
+    finish(&db.pool, job, JobState::Completed, json!({}), json!([])).await;
+    let done = row(&db.pool, id).await;
+    assert_eq!(
+        (done.state, done.commit),
+        (WorkState::Completed, Some(sha(9)))
+    );
+}
+
+#[tokio::test]
+async fn jobs_that_end_without_success_fail_their_records_with_the_reason() {
+    let db = TestDb::new().await;
+    let u = user(&db.pool).await;
+    let error = |n: i16, text: &str| json!({"attempt": n, "at": "2026-01-01T00:00:00Z", "kind": "error", "error": text});
+
+    // The handler gave up for good: its reason.
+    let job = running_job(&db.pool, "analysis", 3).await;
+    let id = analysis(&db.pool, Some(u), Some(&sha(1)), job).await;
+    analyses::claim(&db.pool, id, job).await.unwrap().unwrap();
+    analyses::stage(&db.pool, id, job, &sha(1), &json!({}))
+        .await
+        .unwrap();
+    let reason = "the repository is too large: more than 1024 bytes while fetching";
+    finish(
+        &db.pool,
+        job,
+        JobState::Cancelled,
+        json!({"cancel_reason": reason}),
+        json!([]),
+    )
+    .await;
+    let r = row(&db.pool, id).await;
+    assert_eq!(
+        (r.state, r.error.as_deref(), r.has_result),
+        (WorkState::Failed, Some(reason), false)
+    );
+
+    // The user cancelled it while it ran.
+    let job = running_job(&db.pool, "analysis", 3).await;
+    let id = analysis(&db.pool, Some(u), Some(&sha(2)), job).await;
+    finish(
+        &db.pool,
+        job,
+        JobState::Cancelled,
+        json!({"cancel_attempted_at": "2026-01-01T00:00:00Z", "cancel_reason": "cancelled while running"}),
+        json!([]),
+    )
+    .await;
+    assert_eq!(
+        row(&db.pool, id).await.error.as_deref(),
+        Some("cancelled by the user")
+    );
+
+    // Attempts ran out: the last error, with the count.
+    let job = running_job(&db.pool, "analysis", 3).await;
+    sqlx::query("UPDATE fairlane_job SET attempt = 3 WHERE id = $1")
+        .bind(job)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let id = analysis(&db.pool, Some(u), Some(&sha(3)), job).await;
+    finish(
+        &db.pool,
+        job,
+        JobState::Discarded,
+        json!({}),
+        json!([
+            error(1, "first"),
+            error(2, "second"),
+            error(3, "host unreachable")
+        ]),
+    )
+    .await;
+    assert_eq!(
+        row(&db.pool, id).await.error.as_deref(),
+        Some("failed after 3 attempts: host unreachable")
+    );
+
+    // A completed record is never turned into a failure by a late hook call.
+    let job = running_job(&db.pool, "analysis", 3).await;
+    let id = analysis(&db.pool, Some(u), Some(&sha(4)), job).await;
+    analyses::claim(&db.pool, id, job).await.unwrap().unwrap();
+    analyses::stage(&db.pool, id, job, &sha(4), &json!({}))
+        .await
+        .unwrap();
+    finish(&db.pool, job, JobState::Completed, json!({}), json!([])).await;
+    let t = Transition {
+        job_id: job,
+        queue: "analysis_priority".into(),
+        kind: "analysis".into(),
+        user_id: Some(u),
+        state: JobState::Cancelled,
+    };
+    let mut conn = db.pool.acquire().await.unwrap();
+    records::settle(&mut conn, &[t]).await.unwrap();
+    assert_eq!(row(&db.pool, id).await.state, WorkState::Completed);
+
+    // A completion without a staged result is a failure, not an empty success.
+    let job = running_job(&db.pool, "analysis", 3).await;
+    let id = analysis(&db.pool, Some(u), Some(&sha(5)), job).await;
+    analyses::claim(&db.pool, id, job).await.unwrap().unwrap();
+    finish(&db.pool, job, JobState::Completed, json!({}), json!([])).await;
+    let r = row(&db.pool, id).await;
+    assert_eq!(
+        (r.state, r.error.as_deref()),
+        (
+            WorkState::Failed,
+            Some("the job completed without storing a result")
+        )
+    );
+}
+
+#[tokio::test]
+async fn a_crashed_job_out_of_attempts_fails_its_record_through_the_rescuer() {
+    let db = TestDb::new().await;
+    let u = user(&db.pool).await;
+    let last_try = running_job(&db.pool, "analysis", 1).await;
+    let failed = analysis(&db.pool, Some(u), Some(&sha(1)), last_try).await;
+    analyses::claim(&db.pool, failed, last_try)
+        .await
+        .unwrap()
+        .unwrap();
+    let retried_job = running_job(&db.pool, "analysis", 3).await;
+    let retried = analysis(&db.pool, Some(u), Some(&sha(2)), retried_job).await;
+    analyses::claim(&db.pool, retried, retried_job)
+        .await
+        .unwrap()
+        .unwrap();
+
+    let hooks: Vec<Arc<dyn TransitionHook>> = vec![Arc::new(RecordHook::new())];
+    let waker = queue::wake::Waker::new(db.pool.clone());
+    let rescued =
+        queue::maintenance::rescue_dead_workers(&db.pool, &hooks, &waker, Duration::from_secs(1))
+            .await
+            .unwrap();
+    assert_eq!(rescued.len(), 2);
+    let r = row(&db.pool, failed).await;
+    assert_eq!(r.state, WorkState::Failed);
+    assert_eq!(
+        r.error.as_deref(),
+        Some("failed after 1 attempt: worker gone-worker stopped heartbeating; job rescued")
+    );
+    // The other job runs again: its record stays running.
+    assert_eq!(row(&db.pool, retried).await.state, WorkState::Running);
+}
+
+#[tokio::test]
+async fn heavy_concurrent_completions_of_one_commit_leave_one_original() {
+    let db = TestDb::new().await;
+    for round in 0..10u64 {
+        let mut ids = Vec::new();
+        let mut jobs = Vec::new();
+        for _ in 0..4 {
+            let u = user(&db.pool).await;
+            let job = running_job(&db.pool, "analysis", 3).await;
+            let id = analysis(&db.pool, Some(u), Some(&sha(round)), job).await;
+            analyses::claim(&db.pool, id, job).await.unwrap().unwrap();
+            analyses::stage(&db.pool, id, job, &sha(round), &json!({}))
+                .await
+                .unwrap();
+            ids.push(id);
+            jobs.push(job);
+        }
+        let tasks: Vec<_> = jobs
+            .iter()
+            .map(|&job| {
+                let pool = db.pool.clone();
+                tokio::spawn(async move {
+                    finish(&pool, job, JobState::Completed, json!({}), json!([])).await;
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let (originals, copies): (i64, i64) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE cached_from IS NULL), \
+                    count(*) FILTER (WHERE cached_from IS NOT NULL) \
+             FROM analyses WHERE id = ANY($1) AND state = 'completed'",
+        )
+        .bind(&ids)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!((originals, copies), (1, 3), "round {round}");
+    }
+}
+
+#[tokio::test]
+async fn specview_records_follow_their_jobs() {
+    let db = TestDb::new().await;
+    let u = user(&db.pool).await;
+    let analysis_job = running_job(&db.pool, "analysis", 3).await;
+    let analysis_id = analysis(&db.pool, Some(u), Some(&sha(1)), analysis_job).await;
+    let insert_specview = |job: i64| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, Uuid>(
+                "INSERT INTO specviews (user_id, analysis_id, job_id) VALUES ($1, $2, $3) RETURNING id",
+            )
+            .bind(u)
+            .bind(analysis_id)
+            .bind(job)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let job = running_job(&db.pool, "specview", 3).await;
+    let id = insert_specview(job).await;
+    // The analysis is not completed yet: its result is not handed out.
+    let claimed = specviews::claim(&db.pool, id, job).await.unwrap().unwrap();
+    assert_eq!(claimed.analysis_state, WorkState::Pending);
+    assert_eq!(claimed.analysis_result, None);
+
+    analyses::claim(&db.pool, analysis_id, analysis_job)
+        .await
+        .unwrap()
+        .unwrap();
+    analyses::stage(
+        &db.pool,
+        analysis_id,
+        analysis_job,
+        &sha(1),
+        &json!({"inventory": 1}),
+    )
+    .await
+    .unwrap();
+    finish(
+        &db.pool,
+        analysis_job,
+        JobState::Completed,
+        json!({}),
+        json!([]),
+    )
+    .await;
+    let claimed = specviews::claim(&db.pool, id, job).await.unwrap().unwrap();
+    assert_eq!(claimed.analysis_state, WorkState::Completed);
+    assert_eq!(claimed.analysis_result, Some(json!({"inventory": 1})));
+    assert_eq!(claimed.repository, REPO);
+    assert!(
+        specviews::stage(&db.pool, id, job, &json!({"files": []}), "# Spec\n")
+            .await
+            .unwrap()
+    );
+    finish(&db.pool, job, JobState::Completed, json!({}), json!([])).await;
+    let (state, markdown, completed): (WorkState, Option<String>, bool) = sqlx::query_as(
+        "SELECT state, markdown, completed_at IS NOT NULL FROM specviews WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (state, markdown.as_deref(), completed),
+        (WorkState::Completed, Some("# Spec\n"), true)
+    );
+
+    let job = running_job(&db.pool, "specview", 3).await;
+    let id = insert_specview(job).await;
+    specviews::claim(&db.pool, id, job).await.unwrap().unwrap();
+    specviews::stage(&db.pool, id, job, &json!({}), "# Spec\n")
+        .await
+        .unwrap();
+    finish(
+        &db.pool,
+        job,
+        JobState::Cancelled,
+        json!({"cancel_reason": "analysis result unreadable"}),
+        json!([]),
+    )
+    .await;
+    let (state, markdown, error): (WorkState, Option<String>, Option<String>) =
+        sqlx::query_as("SELECT state, markdown, error FROM specviews WHERE id = $1")
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (state, markdown, error.as_deref()),
+        (WorkState::Failed, None, Some("analysis result unreadable"))
+    );
+}

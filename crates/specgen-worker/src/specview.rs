@@ -1,0 +1,199 @@
+//! The `specview` job: turns a completed analysis into a behaviour specification (test names as
+//! sentences, grouped by file and suite) and stages it on its `specviews` record — structured as
+//! JSON and rendered as Markdown — which [`records::RecordHook`] completes (or fails) in the
+//! job's final transaction.
+//!
+//! A specview of an analysis that is not completed, or whose result cannot be read, cannot
+//! succeed by retrying: the job is cancelled for good with the reason as the record's error.
+
+use async_trait::async_trait;
+use common::SpecviewArgs;
+use inventory::Spec;
+use queue::{JobContext, JobError, Worker};
+use records::WorkState;
+use records::specviews::SpecviewRecord;
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// What a specview stores as `result`: the specification and where it comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpecviewResult {
+    pub analysis_id: Uuid,
+    /// The normalised repository URL.
+    pub repository: String,
+    /// The commit the analysis inventoried.
+    pub commit: String,
+    /// Files, suites and behaviours with their sentences, and the counts.
+    #[serde(flatten)]
+    pub spec: Spec,
+}
+
+/// What a completed `specview` job reports as its output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpecviewOutput {
+    pub specview_id: Uuid,
+    pub analysis_id: Uuid,
+    pub files: u64,
+    pub behaviours: u64,
+}
+
+/// The handler of `specview` jobs.
+#[derive(Debug, Clone)]
+pub struct SpecviewWorker {
+    pool: PgPool,
+}
+
+impl SpecviewWorker {
+    pub fn new(pool: PgPool) -> Self {
+        SpecviewWorker { pool }
+    }
+}
+
+#[async_trait]
+impl Worker<SpecviewArgs> for SpecviewWorker {
+    async fn work(&self, ctx: &JobContext, args: SpecviewArgs) -> Result<(), JobError> {
+        let job_id = ctx.id();
+        let record = records::specviews::claim(&self.pool, args.specview_id, job_id)
+            .await?
+            .map_err(|refusal| {
+                JobError::Cancel(format!("specview {} {refusal}", args.specview_id))
+            })?;
+        let specview_id = record.id;
+        let analysis_id = record.analysis_id;
+        // Decoding and rendering a large inventory is CPU work: keep it off the async workers.
+        let built = tokio::task::spawn_blocking(move || build(record)).await;
+        let (result, markdown) = match built {
+            Ok(built) => built.map_err(JobError::Cancel)?,
+            Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+            Err(join) => return Err(JobError::msg(format!("rendering did not finish: {join}"))),
+        };
+        if !records::specviews::stage(&self.pool, specview_id, job_id, &result, &markdown).await? {
+            return Err(JobError::Cancel(format!(
+                "specview {specview_id} changed while the job ran; its result was not stored"
+            )));
+        }
+        let output = SpecviewOutput {
+            specview_id,
+            analysis_id,
+            files: result.spec.files.len() as u64,
+            behaviours: result.spec.behaviours,
+        };
+        ctx.set_output(&output).map_err(JobError::from)?;
+        tracing::info!(
+            %specview_id,
+            %analysis_id,
+            files = output.files,
+            behaviours = output.behaviours,
+            "specview stored"
+        );
+        Ok(())
+    }
+}
+
+/// The specification of a claimed record's analysis, structured and as Markdown; `Err` says why
+/// there can be none.
+pub fn build(record: SpecviewRecord) -> Result<(SpecviewResult, String), String> {
+    let analysis_id = record.analysis_id;
+    if record.analysis_state != WorkState::Completed {
+        return Err(format!(
+            "analysis {analysis_id} is {}; a specview needs a completed analysis",
+            record.analysis_state
+        ));
+    }
+    let Some(value) = record.analysis_result else {
+        return Err(format!("analysis {analysis_id} has no result"));
+    };
+    let analysis: inventory::Analysis = serde_json::from_value(value)
+        .map_err(|e| format!("the result of analysis {analysis_id} cannot be read: {e}"))?;
+    let spec = Spec::from_inventory(&analysis.inventory);
+    let markdown = spec.to_markdown();
+    let result = SpecviewResult {
+        analysis_id,
+        repository: record.repository,
+        commit: record.commit.unwrap_or(analysis.commit),
+        spec,
+    };
+    Ok((result, markdown))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn record(state: WorkState, result: Option<serde_json::Value>) -> SpecviewRecord {
+        SpecviewRecord {
+            id: Uuid::nil(),
+            user_id: None,
+            analysis_id: Uuid::nil(),
+            job_id: Some(1),
+            analysis_state: state,
+            repository: "https://example.com/r.git".into(),
+            commit: Some("c".repeat(40)),
+            analysis_result: result,
+        }
+    }
+
+    #[test]
+    fn builds_the_spec_and_its_markdown() {
+        let analysis = json!({
+            "repository": "https://example.com/r.git",
+            "requested_ref": null,
+            "commit": "c".repeat(40),
+            "inventory": {
+                "files": [{
+                    "path": "src/lib.rs",
+                    "framework": "rust",
+                    "tests": [
+                        {"name": "adds_two_numbers", "suite": ["tests"], "line": 3,
+                         "modifier": "none", "parameterized": false},
+                        {"name": "test_handles_overflow", "suite": ["tests"], "line": 9,
+                         "modifier": "skip", "parameterized": false}
+                    ]
+                }],
+                "totals": {"overall": {"files": 1, "tests": 2, "skipped": 1, "only": 0, "todo": 0,
+                                       "benchmarks": 0, "fuzz": 0, "examples": 0},
+                           "by_framework": {}},
+                "stats": {"files_visited": 1, "files_scanned": 1, "files_too_large": 0,
+                          "symlinks_skipped": 0}
+            }
+        });
+        let (result, markdown) = build(record(WorkState::Completed, Some(analysis))).unwrap();
+        assert_eq!(
+            markdown,
+            "# Behaviour specification\n\n2 behaviours in 1 file (1 skipped).\n\n\
+             ## `src/lib.rs` (rust)\n\n- **tests**\n  - adds two numbers\n  \
+             - handles overflow _(skipped)_\n"
+        );
+        assert_eq!(result.spec.behaviours, 2);
+        let json = serde_json::to_value(&result).unwrap();
+        assert_eq!(json["commit"], "c".repeat(40));
+        assert_eq!(json["files"][0]["nodes"][0]["title"], "tests");
+        assert_eq!(
+            json["files"][0]["nodes"][0]["children"][1]["title"],
+            "handles overflow"
+        );
+    }
+
+    #[test]
+    fn refuses_what_cannot_become_a_spec() {
+        assert_eq!(
+            build(record(WorkState::Running, None)).unwrap_err(),
+            format!(
+                "analysis {} is running; a specview needs a completed analysis",
+                Uuid::nil()
+            )
+        );
+        assert!(
+            build(record(WorkState::Completed, Some(json!({"tests": 7}))))
+                .unwrap_err()
+                .contains("cannot be read")
+        );
+        assert!(
+            build(record(WorkState::Completed, None))
+                .unwrap_err()
+                .ends_with("has no result")
+        );
+    }
+}
