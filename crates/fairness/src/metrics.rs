@@ -14,12 +14,18 @@ pub(crate) struct FairnessMetrics {
 impl FairnessMetrics {
     pub(crate) fn new() -> Self {
         let meter = opentelemetry::global::meter("fairlane");
+        let snoozes = meter
+            .u64_counter("fairlane.fairness.snoozes")
+            .with_unit("{snooze}")
+            .with_description("Jobs delayed because their user was at the tier's limit")
+            .build();
+        // Every tier's series exists from the start (at 0), so dashboards and alerts read a
+        // rate of 0, not "no data", until the first snooze.
+        for tier in Tier::ALL {
+            snoozes.add(0, &[KeyValue::new("tier", tier.as_str())]);
+        }
         FairnessMetrics {
-            snoozes: meter
-                .u64_counter("fairlane.fairness.snoozes")
-                .with_unit("{snooze}")
-                .with_description("Jobs delayed because their user was at the tier's limit")
-                .build(),
+            snoozes,
             running: meter
                 .u64_gauge("fairlane.fairness.running")
                 .with_unit("{job}")

@@ -1,6 +1,11 @@
 //! `cargo xtask bench queue`: bulk insert, burn-down, sustained insert-to-start latency, table
 //! health after churn, and the machine's pgbench single-row insert rate as the ceiling reference.
 //! Prints a markdown report; every number comes from this run.
+//!
+//! `BENCH_TELEMETRY=1` runs it with Fairlane's telemetry installed as in the services
+//! (`telemetry::init`: the metrics SDK with the Prometheus reader, the tracing-opentelemetry
+//! layer with spans at `info`, and OTLP export when `OTEL_EXPORTER_OTLP_ENDPOINT` is set), to
+//! measure what observability costs (docs/operations.md).
 
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::print_stderr)]
 
@@ -31,7 +36,19 @@ fn env_usize(name: &str, default: usize) -> usize {
 
 #[tokio::main]
 async fn main() {
-    if std::env::var_os("RUST_LOG").is_some() {
+    let telemetry_guard = if std::env::var("BENCH_TELEMETRY").is_ok_and(|v| v == "1") {
+        let config = telemetry::TelemetryConfig {
+            otel_exporter_otlp_endpoint: std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok(),
+            // Telemetry logs to stdout, where this report goes: keep log lines to warnings, but
+            // create the queue's `info` spans as in production.
+            rust_log: "warn,queue=info".to_owned(),
+            ..telemetry::TelemetryConfig::for_service("fairlane-queue-bench", "bench")
+        };
+        Some(telemetry::init(&config).expect("telemetry init"))
+    } else {
+        None
+    };
+    if telemetry_guard.is_none() && std::env::var_os("RUST_LOG").is_some() {
         tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_writer(std::io::stderr)
@@ -41,7 +58,14 @@ async fn main() {
     // No-op jobs finish in microseconds: it takes many slots to keep the database busy.
     let workers = env_usize("BENCH_WORKERS", 2000);
     let sustained_secs = env_usize("BENCH_SUSTAINED_SECS", 20);
-    println!("## cargo xtask bench queue\n");
+    println!(
+        "## cargo xtask bench queue (telemetry {})\n",
+        if telemetry_guard.is_some() {
+            "on"
+        } else {
+            "off"
+        }
+    );
     println!(
         "machine: {} cores, PostgreSQL on the same machine; jobs={jobs}, workers={workers}\n",
         std::thread::available_parallelism()

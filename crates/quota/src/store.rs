@@ -161,6 +161,19 @@ impl Quota {
             .u64_counter("fairlane.quota.rejections")
             .with_description("Requests refused because the user's quota was exhausted")
             .build();
+        // Every (event type, tier) series exists from the start (at 0), so dashboards and alerts
+        // read a rate of 0, not "no data", until the first rejection.
+        for event_type in Service::ALL {
+            for tier in Tier::ALL {
+                rejections.add(
+                    0,
+                    &[
+                        KeyValue::new("event_type", event_type.as_str()),
+                        KeyValue::new("tier", tier.as_str()),
+                    ],
+                );
+            }
+        }
         Ok(Quota {
             config: Arc::new(config),
             rejections,

@@ -24,7 +24,15 @@ pub async fn observe(State(state): State<AppState>, req: Request, next: Next) ->
         .map_or("unmatched", |m| m.as_str())
         .to_owned();
     let method = req.method().as_str().to_owned();
-    let span = tracing::info_span!("http.request", http.method = %method, http.route = %route);
+    // OpenTelemetry HTTP server conventions: a server span named "{method} {route}".
+    let span = tracing::info_span!(
+        "http.request",
+        otel.name = %format!("{method} {route}"),
+        otel.kind = "server",
+        http.request.method = %method,
+        http.route = %route,
+        http.response.status_code = tracing::field::Empty,
+    );
     let mut carrier = BTreeMap::new();
     for name in ["traceparent", "tracestate"] {
         if let Some(v) = req.headers().get(name).and_then(|v| v.to_str().ok()) {
@@ -35,7 +43,8 @@ pub async fn observe(State(state): State<AppState>, req: Request, next: Next) ->
         // A malformed traceparent is ignored: the request starts a new trace.
         let _ = telemetry::set_parent_from(&span, &carrier);
     }
-    let response = next.run(req).instrument(span).await;
+    let response = next.run(req).instrument(span.clone()).await;
+    span.record("http.response.status_code", response.status().as_u16());
     state.request_duration.record(
         started.elapsed().as_secs_f64(),
         &[

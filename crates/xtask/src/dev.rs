@@ -51,7 +51,7 @@ pub(crate) fn run(port: u16) -> anyhow::Result<()> {
 
     let admin_token = format!("dev-admin-{}", std::process::id());
     let mut env: Vec<(String, String)> = vec![
-        ("DATABASE_URL".into(), database_url.clone()),
+        ("DATABASE_URL".into(), database_url),
         ("ADMIN_TOKEN".into(), admin_token.clone()),
         ("HTTP_ADDR".into(), format!("127.0.0.1:{port}")),
         ("LOG_FORMAT".into(), "pretty".into()),

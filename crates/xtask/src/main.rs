@@ -1,11 +1,13 @@
 //! `cargo xtask`: the developer's entry point. `test` runs every check and test against real
 //! PostgreSQL and Redis (starting private servers when none is reachable), `bench` runs the
-//! benchmarks, `dev` runs the whole system locally.
+//! benchmarks, `dev` runs the whole system locally, `dashboards` regenerates the per-queue Grafana
+//! dashboards from their template.
 
 mod bench;
 mod dev;
 mod services;
 mod test;
+mod tools;
 
 use clap::{Parser, Subcommand};
 
@@ -32,6 +34,11 @@ enum Command {
         #[arg(value_enum)]
         suite: bench::Suite,
     },
+    /// Regenerate deploy/grafana/dashboards/queue-*.json from deploy/grafana/templates/queue.json.
+    Dashboards,
+    /// Install the external tools the checks use (prometheus, kubernetes-validate, schemathesis,
+    /// the KEDA schema models); quick when they are present.
+    Tools,
     /// Run the whole system on this machine until Ctrl-C.
     Dev {
         /// Port of the HTTP API.
@@ -46,6 +53,8 @@ fn main() {
         Command::Test { no_lint, args } => test::run(!no_lint, &args),
         Command::Bench { suite } => bench::run(suite),
         Command::Dev { port } => dev::run(port),
+        Command::Dashboards => dashboards(),
+        Command::Tools => tools::ensure().map(|_| ()),
     };
     if let Err(e) = result {
         #[allow(clippy::print_stderr)]
@@ -54,6 +63,13 @@ fn main() {
         }
         std::process::exit(1);
     }
+}
+
+fn dashboards() -> anyhow::Result<()> {
+    for path in deploy_checks::dashboards::write(&workspace_root())? {
+        say(format!("wrote {}", path.display()));
+    }
+    Ok(())
 }
 
 /// The workspace root (xtask lives in `crates/xtask`).

@@ -6,7 +6,7 @@ use std::process::Command;
 use anyhow::{Context, bail};
 
 use crate::services::{self, Durability};
-use crate::{say, workspace_root};
+use crate::{say, tools, workspace_root};
 
 pub(crate) fn run(lint: bool, extra: &[String]) -> anyhow::Result<()> {
     let root = workspace_root();
@@ -27,6 +27,15 @@ pub(crate) fn run(lint: bool, extra: &[String]) -> anyhow::Result<()> {
             &[],
         )?;
     }
+    say("checking the external tools of the deployment checks");
+    tools::ensure()?;
+    // The deployment checks start the service binaries; build them now, so the tests' own
+    // `cargo build` of them finds nothing to do (and no test waits minutes on a compile).
+    let mut build = vec!["build", "--quiet", "--bins"];
+    for package in deploy_checks::SERVICE_PACKAGES {
+        build.extend(["--package", package]);
+    }
+    cargo(&root, &build, &[])?;
     let database_url = services::postgres(Durability::Tests)?;
     let redis_url = services::redis()?;
     services::drop_old_test_databases(&database_url);

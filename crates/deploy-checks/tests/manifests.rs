@@ -1,0 +1,790 @@
+//! Static checks of the shipped deployment files with the real tools: kustomize renders every
+//! overlay and the objects validate against the Kubernetes schemas (strict) and the KEDA CRD
+//! schema; every environment variable handed to a container (manifests and docker-compose.yml) is
+//! one its binary reads; docker-compose.yml matches the Compose specification and refers only to
+//! files that exist; the Dockerfile builds packages that exist; the per-queue dashboards are what
+//! the template gives; promtool accepts the Prometheus configs and alert rules.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::{Value, json};
+use support::{env_names, read, temp_dir, workspace_root};
+
+const OVERLAYS: [&str; 2] = ["dev", "prod"];
+/// The Kubernetes version the manifests are validated against (the oldest supported).
+const KUBERNETES_VERSION: &str = "1.30.0";
+
+fn output(program: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new(program)
+        .args(args)
+        .current_dir(workspace_root())
+        .output()
+        .unwrap_or_else(|e| panic!("running {program} (cargo xtask tools installs it): {e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// `kubectl kustomize` of one overlay, as JSON objects.
+fn render(overlay: &str) -> Vec<Value> {
+    let (ok, text) = output(
+        "kubectl",
+        &["kustomize", &format!("deploy/k8s/overlays/{overlay}")],
+    );
+    assert!(ok, "kubectl kustomize {overlay} failed:\n{text}");
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| {
+            let yaml = serde_yaml::Value::deserialize(doc).unwrap();
+            serde_json::to_value(yaml).unwrap()
+        })
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+use serde::Deserialize as _;
+
+fn is_keda(object: &Value) -> bool {
+    object["apiVersion"]
+        .as_str()
+        .is_some_and(|v| v.starts_with("keda.sh/"))
+}
+
+/// Validates core objects with kubernetes-validate (strict: unknown fields are errors); returns
+/// (passed, output).
+fn kubernetes_validate(objects: &[Value]) -> (bool, String) {
+    let dir = temp_dir("k8s-validate");
+    let file = dir.join("objects.yaml");
+    let yaml: Vec<String> = objects
+        .iter()
+        .map(|o| serde_yaml::to_string(o).unwrap())
+        .collect();
+    std::fs::write(&file, yaml.join("---\n")).unwrap();
+    let (ok, text) = output(
+        "python3",
+        &[
+            "-m",
+            "kubernetes_validate",
+            "--strict",
+            "-k",
+            KUBERNETES_VERSION,
+            &file.to_string_lossy(),
+        ],
+    );
+    let passed = text
+        .lines()
+        .filter(|l| l.starts_with("INFO") && l.contains(" passed "))
+        .count();
+    let clean = ok && passed == objects.len() && !text.lines().any(|l| !l.starts_with("INFO"));
+    (clean, text)
+}
+
+/// Validates objects with the models generated from the Kubernetes and KEDA schemas.
+fn models_validate(objects: &[Value]) -> (bool, String) {
+    let modules = workspace_root().join(".fairlane/tools/node/node_modules");
+    assert!(
+        modules.join("@kubernetes-models/keda").exists(),
+        "{} has no KEDA models: run `cargo xtask tools`",
+        modules.display()
+    );
+    let dir = temp_dir("k8s-models");
+    let file = dir.join("objects.json");
+    std::fs::write(&file, serde_json::to_vec(objects).unwrap()).unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/validate-models.mjs");
+    output(
+        "node",
+        &[
+            &script.to_string_lossy(),
+            &modules.to_string_lossy(),
+            &file.to_string_lossy(),
+        ],
+    )
+}
+
+#[test]
+fn every_overlay_renders_and_validates_against_kubernetes_and_keda_schemas() {
+    for overlay in OVERLAYS {
+        let objects = render(overlay);
+        let core: Vec<Value> = objects.iter().filter(|o| !is_keda(o)).cloned().collect();
+        let keda: Vec<Value> = objects.iter().filter(|o| is_keda(o)).cloned().collect();
+        assert!(keda.len() >= 2, "{overlay}: ScaledObjects missing");
+        let (ok, text) = kubernetes_validate(&core);
+        assert!(ok, "{overlay}: kubernetes-validate --strict:\n{text}");
+        let (ok, text) = models_validate(&objects);
+        assert!(ok, "{overlay}: schema models:\n{text}");
+    }
+}
+
+#[test]
+fn the_validators_refuse_broken_objects() {
+    // Controls: the validators above must be able to fail.
+    let objects = render("dev");
+    let mut deployment = objects
+        .iter()
+        .find(|o| o["kind"] == "Deployment")
+        .unwrap()
+        .clone();
+    deployment["spec"]["template"]["spec"]["containers"][0]["livenessProbe"]["httpGett"] =
+        json!({});
+    let (ok, text) = kubernetes_validate(&[deployment]);
+    assert!(!ok, "an unknown field passed:\n{text}");
+    let mut scaled = objects.iter().find(|o| is_keda(o)).unwrap().clone();
+    scaled["spec"]["triggers"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("type");
+    let (ok, text) = models_validate(&[scaled]);
+    assert!(!ok, "a trigger without a type passed:\n{text}");
+    let (ok, text) = models_validate(&[
+        json!({"apiVersion": "keda.sh/v1alpha1", "kind": "Nope", "metadata": {"name": "x"}}),
+    ]);
+    assert!(!ok, "an unknown kind passed:\n{text}");
+}
+
+/// Every container of a pod template: (owner, binary = command[0], container).
+fn containers(objects: &[Value]) -> Vec<(String, String, Value)> {
+    let mut out = Vec::new();
+    for o in objects {
+        if let Some(list) = o["spec"]["template"]["spec"]["containers"].as_array() {
+            for c in list {
+                let binary = c["command"][0].as_str().unwrap_or_else(|| {
+                    panic!(
+                        "{}/{}: container without a command",
+                        o["kind"], o["metadata"]["name"]
+                    )
+                });
+                out.push((
+                    format!(
+                        "{}/{}",
+                        o["kind"].as_str().unwrap(),
+                        o["metadata"]["name"].as_str().unwrap()
+                    ),
+                    binary.to_owned(),
+                    c.clone(),
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// A generated object's name without kustomize's hash suffix.
+fn base_name(name: &str) -> &str {
+    match name.rsplit_once('-') {
+        Some((base, hash))
+            if hash.len() == 10 && hash.chars().all(|c| c.is_ascii_alphanumeric()) =>
+        {
+            base
+        }
+        _ => name,
+    }
+}
+
+fn keys_of(object: &Value) -> BTreeSet<String> {
+    ["data", "stringData"]
+        .iter()
+        .filter_map(|field| object[*field].as_object())
+        .flat_map(|m| m.keys().cloned())
+        .collect()
+}
+
+/// The variables a container gets: `env` names and the keys of `envFrom` sources. Secrets that
+/// an overlay expects to exist outside the repository (prod) are looked up in `external`.
+fn container_env(
+    container: &Value,
+    objects: &[Value],
+    external: &BTreeMap<String, BTreeSet<String>>,
+) -> BTreeSet<String> {
+    let mut names: BTreeSet<String> = container["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| e["name"].as_str().unwrap().to_owned())
+        .collect();
+    for source in container["envFrom"].as_array().into_iter().flatten() {
+        let (kind, reference) = if source["configMapRef"].is_object() {
+            ("ConfigMap", &source["configMapRef"])
+        } else {
+            ("Secret", &source["secretRef"])
+        };
+        let name = reference["name"].as_str().unwrap();
+        match objects
+            .iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        {
+            Some(object) => names.extend(keys_of(object)),
+            None => {
+                let keys = external
+                    .get(base_name(name))
+                    .unwrap_or_else(|| panic!("{kind} {name} is neither rendered nor documented"));
+                names.extend(keys.iter().cloned());
+            }
+        }
+    }
+    names
+}
+
+#[test]
+fn every_variable_set_in_the_manifests_is_read_by_the_container_binary() {
+    // Secrets prod expects to exist hold the keys the dev overlay generates for them.
+    let dev = render("dev");
+    let external: BTreeMap<String, BTreeSet<String>> = dev
+        .iter()
+        .filter(|o| o["kind"] == "Secret")
+        .map(|o| {
+            (
+                base_name(o["metadata"]["name"].as_str().unwrap()).to_owned(),
+                keys_of(o),
+            )
+        })
+        .collect();
+    for overlay in OVERLAYS {
+        let objects = render(overlay);
+        let all = containers(&objects);
+        assert!(all.len() >= 5, "{overlay}: {} containers", all.len());
+        for (owner, binary, container) in &all {
+            let known = env_names(binary)
+                .unwrap_or_else(|| panic!("{overlay} {owner}: no known binary `{binary}`"));
+            let given = container_env(container, &objects, &external);
+            let unread: Vec<&String> = given.difference(&known).collect();
+            assert!(
+                unread.is_empty(),
+                "{overlay} {owner} ({binary}) sets variables it never reads: {unread:?}"
+            );
+            assert!(
+                given.contains("DATABASE_URL"),
+                "{overlay} {owner}: no DATABASE_URL"
+            );
+        }
+        // KEDA reads the connection from the scale target's own environment.
+        for scaled in objects.iter().filter(|o| o["kind"] == "ScaledObject") {
+            let target = scaled["spec"]["scaleTargetRef"]["name"].as_str().unwrap();
+            let (_, _, container) = all
+                .iter()
+                .find(|(owner, _, _)| *owner == format!("Deployment/{target}"))
+                .unwrap_or_else(|| panic!("{overlay}: ScaledObject targets missing {target}"));
+            let env = container_env(container, &objects, &external);
+            for trigger in scaled["spec"]["triggers"].as_array().unwrap() {
+                let var = trigger["metadata"]["connectionFromEnv"].as_str().unwrap();
+                assert!(
+                    env.contains(var),
+                    "{overlay} {target}: trigger reads {var}, not in the container"
+                );
+            }
+        }
+    }
+}
+
+/// A duration such as `25s` or `30s` from a ConfigMap, in seconds.
+fn seconds(text: &str) -> u64 {
+    text.strip_suffix('s')
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("expected whole seconds, got {text:?}"))
+}
+
+#[test]
+fn deployments_have_probes_resources_budgets_graceful_shutdown_and_scaling() {
+    let queues = |service: &str| -> BTreeSet<String> {
+        ["priority", "default", "scheduled"]
+            .iter()
+            .map(|l| format!("{service}_{l}"))
+            .collect()
+    };
+    let workers = [
+        ("analyzer-worker", queues("analysis")),
+        ("specgen-worker", queues("specview")),
+    ];
+    for overlay in OVERLAYS {
+        let objects = render(overlay);
+        let find = |kind: &str, name: &str| {
+            objects
+                .iter()
+                .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+                .unwrap_or_else(|| panic!("{overlay}: no {kind} {name}"))
+        };
+        let config = |name: &str, key: &str| -> String {
+            objects
+                .iter()
+                .find(|o| {
+                    o["kind"] == "ConfigMap"
+                        && base_name(o["metadata"]["name"].as_str().unwrap()) == name
+                })
+                .and_then(|o| o["data"][key].as_str())
+                .unwrap_or_else(|| panic!("{overlay}: ConfigMap {name} has no {key}"))
+                .to_owned()
+        };
+        for name in ["web", "analyzer-worker", "specgen-worker", "scheduler"] {
+            let deployment = find("Deployment", name);
+            let pod = &deployment["spec"]["template"]["spec"];
+            let c = &pod["containers"][0];
+            for probe in ["livenessProbe", "readinessProbe"] {
+                assert!(
+                    c[probe]["httpGet"]["path"].is_string(),
+                    "{overlay} {name}: {probe}"
+                );
+            }
+            assert!(
+                c["resources"]["requests"]["cpu"].is_string(),
+                "{overlay} {name}: requests"
+            );
+            assert!(
+                c["resources"]["limits"]["memory"].is_string(),
+                "{overlay} {name}: limits"
+            );
+            find("PodDisruptionBudget", name);
+            let selector = &deployment["spec"]["selector"]["matchLabels"];
+            assert_eq!(
+                &find("PodDisruptionBudget", name)["spec"]["selector"]["matchLabels"],
+                selector
+            );
+            assert_eq!(
+                pod["securityContext"]["runAsNonRoot"], true,
+                "{overlay} {name}"
+            );
+        }
+        // web: endpoints are removed (preStop) before the drain, and the grace period covers both.
+        let web = &find("Deployment", "web")["spec"]["template"]["spec"];
+        let pre_stop = web["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+            .as_array()
+            .unwrap();
+        let delay: u64 = pre_stop[1].as_str().unwrap().parse().unwrap();
+        assert!(delay > 0);
+        let drain = seconds(&config("fairlane-web", "HTTP_REQUEST_TIMEOUT"));
+        assert!(
+            web["terminationGracePeriodSeconds"].as_u64().unwrap() > delay + drain,
+            "{overlay} web grace"
+        );
+        assert_eq!(
+            find("Service", "web")["spec"]["selector"],
+            find("Deployment", "web")["spec"]["selector"]["matchLabels"]
+        );
+        // Workers: grace above the engine's drain; KEDA owns their replicas and watches their queues.
+        let drain = seconds(&config("fairlane-workers", "QUEUE_SHUTDOWN_TIMEOUT"))
+            + seconds(&config("fairlane-workers", "QUEUE_CANCEL_GRACE"));
+        for (name, queues) in &workers {
+            let deployment = find("Deployment", name);
+            let grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+                .as_u64()
+                .unwrap();
+            assert!(
+                grace > drain,
+                "{overlay} {name}: grace {grace} s ≤ drain {drain} s"
+            );
+            assert!(
+                deployment["spec"]["replicas"].is_null(),
+                "{overlay} {name}: replicas fight KEDA"
+            );
+            let scaled = find("ScaledObject", name);
+            let mut watched = BTreeSet::new();
+            for trigger in scaled["spec"]["triggers"].as_array().unwrap() {
+                assert_eq!(trigger["type"], "postgresql");
+                let query = trigger["metadata"]["query"].as_str().unwrap();
+                for queue in queues {
+                    if query.contains(&format!("'{queue}'")) {
+                        watched.insert(queue.clone());
+                    }
+                }
+            }
+            assert_eq!(&watched, queues, "{overlay} {name}: scaled on every lane");
+        }
+        let job = find("Job", "fairlane-migrate");
+        assert_eq!(
+            job["spec"]["template"]["spec"]["containers"][0]["command"],
+            json!(["web", "migrate"])
+        );
+    }
+}
+
+#[test]
+fn keda_queries_run_against_the_real_schema() {
+    // The scalers' SQL is run by KEDA only in a cluster; run it here against the migrated schema.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let db = testkit::TestDb::new().await;
+        for scaled in render("prod")
+            .iter()
+            .filter(|o| o["kind"] == "ScaledObject")
+        {
+            for trigger in scaled["spec"]["triggers"].as_array().unwrap() {
+                let query = trigger["metadata"]["query"].as_str().unwrap();
+                let count: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(query.to_owned()))
+                    .fetch_one(&db.pool)
+                    .await
+                    .unwrap_or_else(|e| panic!("{query}: {e}"));
+                assert_eq!(count, 0);
+            }
+        }
+    });
+}
+
+fn compose() -> serde_yaml::Value {
+    let mut value: serde_yaml::Value = serde_yaml::from_str(&read("docker-compose.yml")).unwrap();
+    value.apply_merge().unwrap();
+    value
+}
+
+#[test]
+fn compose_file_follows_the_spec_and_refers_to_existing_files() {
+    let (ok, text) = output(
+        "python3",
+        &[
+            "-m",
+            "check_jsonschema",
+            "--builtin-schema",
+            "vendor.compose-spec",
+            "docker-compose.yml",
+        ],
+    );
+    assert!(ok, "compose-spec validation:\n{text}");
+    let compose = compose();
+    let root = workspace_root();
+    let services = compose["services"].as_mapping().unwrap();
+    let mut mounts: BTreeMap<String, String> = BTreeMap::new();
+    for (name, service) in services {
+        let name = name.as_str().unwrap();
+        if let Some(build) = service.get("build") {
+            let context = build["context"].as_str().unwrap();
+            let dockerfile = build
+                .get("dockerfile")
+                .and_then(|d| d.as_str())
+                .unwrap_or("Dockerfile");
+            assert!(
+                root.join(context).join(dockerfile).is_file(),
+                "{name}: {context}/{dockerfile}"
+            );
+        }
+        for volume in service
+            .get("volumes")
+            .and_then(|v| v.as_sequence())
+            .into_iter()
+            .flatten()
+        {
+            let spec = volume.as_str().unwrap();
+            let mut parts = spec.split(':');
+            let host = parts.next().unwrap();
+            if host.starts_with("./") {
+                assert!(root.join(host).exists(), "{name}: mounts missing {host}");
+                mounts.insert(parts.next().unwrap().to_owned(), host.to_owned());
+            } else {
+                let named = compose["volumes"].get(host);
+                assert!(named.is_some(), "{name}: volume {host} is not declared");
+            }
+        }
+    }
+    // Paths given to containers inside mounted folders must exist too (Grafana's home dashboard).
+    for (name, service) in services {
+        for (key, value) in service
+            .get("environment")
+            .and_then(|e| e.as_mapping())
+            .into_iter()
+            .flatten()
+        {
+            let Some(path) = value.as_str().filter(|v| v.starts_with('/')) else {
+                continue;
+            };
+            for (inside, host) in &mounts {
+                if let Some(rest) = path.strip_prefix(inside.as_str()) {
+                    let file = root.join(host).join(rest.trim_start_matches('/'));
+                    assert!(
+                        file.exists(),
+                        "{}: {} = {path} → missing {}",
+                        name.as_str().unwrap(),
+                        key.as_str().unwrap(),
+                        file.display()
+                    );
+                }
+            }
+        }
+    }
+    // The Prometheus config's rule files sit beside it in the container, as in the repository.
+    let prometheus: serde_yaml::Value =
+        serde_yaml::from_str(&read("deploy/prometheus/prometheus.yml")).unwrap();
+    for rule_file in prometheus["rule_files"].as_sequence().unwrap() {
+        let inside = format!("/etc/prometheus/{}", rule_file.as_str().unwrap());
+        assert!(
+            mounts.contains_key(&inside),
+            "prometheus: {inside} is not mounted"
+        );
+    }
+}
+
+#[test]
+fn every_variable_set_in_compose_is_read_by_the_service_binary() {
+    let compose = compose();
+    let mut checked = 0;
+    for (name, service) in compose["services"].as_mapping().unwrap() {
+        let name = name.as_str().unwrap();
+        if service.get("build").is_none() {
+            continue; // third-party images
+        }
+        let binary = service["command"][0]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name}: no command"));
+        let known =
+            env_names(binary).unwrap_or_else(|| panic!("{name}: no known binary `{binary}`"));
+        let given: BTreeSet<String> = service["environment"]
+            .as_mapping()
+            .unwrap_or_else(|| panic!("{name}: environment must be a mapping"))
+            .keys()
+            .map(|k| k.as_str().unwrap().to_owned())
+            .collect();
+        let unread: Vec<&String> = given.difference(&known).collect();
+        assert!(
+            unread.is_empty(),
+            "{name} ({binary}) sets variables it never reads: {unread:?}"
+        );
+        checked += 1;
+    }
+    assert!(
+        checked >= 5,
+        "only {checked} Fairlane services in docker-compose.yml"
+    );
+}
+
+#[test]
+fn dockerfile_copies_existing_files_and_builds_existing_binaries() {
+    let dockerfile = read("Dockerfile");
+    let root = workspace_root();
+    // Join continuation lines into instructions.
+    let instructions: Vec<String> = dockerfile
+        .replace("\\\n", " ")
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_owned)
+        .collect();
+    let mut packages = BTreeSet::new();
+    for instruction in &instructions {
+        let words: Vec<&str> = instruction.split_whitespace().collect();
+        if words[0] == "COPY" && !words.iter().any(|w| w.starts_with("--from")) {
+            for source in &words[1..words.len() - 1] {
+                assert!(
+                    root.join(source).exists(),
+                    "Dockerfile copies missing {source}"
+                );
+            }
+        }
+        for pair in words.windows(2) {
+            if pair[0] == "--package" {
+                packages.insert(pair[1].to_owned());
+            }
+        }
+    }
+    for package in &packages {
+        assert!(
+            root.join("crates")
+                .join(package)
+                .join("src/main.rs")
+                .is_file(),
+            "Dockerfile builds {package}, which is not a binary crate of the workspace"
+        );
+        assert!(
+            dockerfile.contains(&format!("/src/target/release/{package}")),
+            "{package} is built but not copied"
+        );
+    }
+    for package in deploy_checks::SERVICE_PACKAGES {
+        assert!(packages.contains(*package), "the image lacks {package}");
+    }
+}
+
+#[test]
+fn queue_dashboards_are_generated_from_the_template_and_use_the_provisioned_datasource() {
+    let root = workspace_root();
+    for (path, text) in deploy_checks::dashboards::generate(&root).unwrap() {
+        let committed = std::fs::read_to_string(root.join(&path)).unwrap_or_default();
+        assert!(
+            committed == text,
+            "{} is stale: run `cargo xtask dashboards`",
+            path.display()
+        );
+    }
+    let queues: BTreeSet<String> = common::Service::ALL
+        .iter()
+        .flat_map(|s| s.queues())
+        .map(|q| q.as_str().to_owned())
+        .collect();
+    let generated: BTreeSet<String> = deploy_checks::dashboards::QUEUE_DASHBOARDS
+        .iter()
+        .map(|d| d.queue.to_owned())
+        .collect();
+    assert_eq!(generated, queues, "one dashboard per queue of SPEC §2");
+
+    let provisioning: serde_yaml::Value = serde_yaml::from_str(&read(
+        "deploy/grafana/provisioning/datasources/datasources.yml",
+    ))
+    .unwrap();
+    let datasource_uids: BTreeSet<&str> = provisioning["datasources"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|d| d["uid"].as_str().unwrap())
+        .collect();
+    let mut uids = BTreeSet::new();
+    let dir = root.join(deploy_checks::dashboards::DASHBOARD_DIR);
+    let mut files = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let dashboard: Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        files += 1;
+        assert!(
+            uids.insert(dashboard["uid"].as_str().unwrap().to_owned()),
+            "duplicate uid in {}",
+            path.display()
+        );
+        let mut stack: Vec<&Value> = vec![&dashboard];
+        while let Some(v) = stack.pop() {
+            match v {
+                Value::Object(m) => {
+                    if let Some(uid) = m.get("datasource").and_then(|d| d["uid"].as_str()) {
+                        assert!(
+                            datasource_uids.contains(uid),
+                            "{}: unknown datasource {uid}",
+                            path.display()
+                        );
+                    }
+                    stack.extend(m.values());
+                }
+                Value::Array(a) => stack.extend(a),
+                _ => {}
+            }
+        }
+    }
+    assert_eq!(files, 7, "overview + six queues");
+}
+
+#[test]
+fn promtool_accepts_the_prometheus_configs_and_alert_rules() {
+    let (ok, text) = output(
+        "promtool",
+        &["check", "config", "deploy/prometheus/prometheus.yml"],
+    );
+    assert!(ok, "promtool check config prometheus.yml:\n{text}");
+    assert!(
+        text.contains("alerts.yml"),
+        "prometheus.yml loads no alert rules:\n{text}"
+    );
+    let (ok, text) = output(
+        "promtool",
+        &["check", "rules", "deploy/prometheus/alerts.yml"],
+    );
+    assert!(ok, "{text}");
+
+    // Debian's Prometheus is built without Kubernetes service discovery, so its promtool refuses
+    // `kubernetes_sd_configs`. Check everything else of kubernetes.yml (relabelling, rule files)
+    // with the discovery block swapped for an empty static one.
+    let mut kubernetes: serde_yaml::Value =
+        serde_yaml::from_str(&read("deploy/prometheus/kubernetes.yml")).unwrap();
+    let mut swapped = 0;
+    for scrape in kubernetes["scrape_configs"].as_sequence_mut().unwrap() {
+        let scrape = scrape.as_mapping_mut().unwrap();
+        let sd = scrape
+            .remove("kubernetes_sd_configs")
+            .expect("pod discovery");
+        assert_eq!(sd[0]["role"], "pod");
+        scrape.insert(
+            "static_configs".into(),
+            serde_yaml::from_str("[{targets: []}]").unwrap(),
+        );
+        swapped += 1;
+    }
+    assert!(swapped > 0);
+    let dir = temp_dir("promtool");
+    std::fs::write(
+        dir.join("kubernetes.yml"),
+        serde_yaml::to_string(&kubernetes).unwrap(),
+    )
+    .unwrap();
+    std::fs::copy(
+        workspace_root().join("deploy/prometheus/alerts.yml"),
+        dir.join("alerts.yml"),
+    )
+    .unwrap();
+    let file = dir.join("kubernetes.yml");
+    let (ok, text) = output("promtool", &["check", "config", &file.to_string_lossy()]);
+    assert!(
+        ok,
+        "promtool check config kubernetes.yml (discovery swapped):\n{text}"
+    );
+}
+
+#[test]
+fn otel_collector_pipelines_use_only_defined_components() {
+    let config: serde_yaml::Value =
+        serde_yaml::from_str(&read("deploy/otel-collector/config.yaml")).unwrap();
+    let defined = |section: &str| -> BTreeSet<String> {
+        config[section]
+            .as_mapping()
+            .into_iter()
+            .flatten()
+            .map(|(k, _)| k.as_str().unwrap().to_owned())
+            .collect()
+    };
+    let pipelines = config["service"]["pipelines"].as_mapping().unwrap();
+    assert!(pipelines.contains_key("traces") && pipelines.contains_key("metrics"));
+    for (name, pipeline) in pipelines {
+        for section in ["receivers", "processors", "exporters"] {
+            for component in pipeline[section].as_sequence().into_iter().flatten() {
+                let component = component.as_str().unwrap();
+                assert!(
+                    defined(section).contains(component),
+                    "{name:?}: {section} {component} undefined"
+                );
+            }
+        }
+    }
+    for extension in config["service"]["extensions"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+    {
+        assert!(defined("extensions").contains(extension.as_str().unwrap()));
+    }
+    // The endpoint the services are given in compose is the receiver's port.
+    let compose = compose();
+    let endpoint = compose["services"]["web"]["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"]
+        .as_str()
+        .unwrap();
+    let port = endpoint.rsplit(':').next().unwrap();
+    let receiver = config["receivers"]["otlp"]["protocols"]["http"]["endpoint"]
+        .as_str()
+        .unwrap();
+    assert!(
+        receiver.ends_with(&format!(":{port}")),
+        "{endpoint} vs {receiver}"
+    );
+}
+
+#[test]
+fn operations_doc_lists_every_variable_of_every_binary() {
+    let doc = read("docs/operations.md");
+    let wildcards: Vec<String> = doc
+        .split('`')
+        .filter(|w| {
+            w.ends_with("_*")
+                && w.chars()
+                    .all(|c| c.is_ascii_uppercase() || c == '_' || c == '*')
+        })
+        .map(|w| w.trim_end_matches('*').to_owned())
+        .collect();
+    for binary in deploy_checks::SERVICE_PACKAGES {
+        for name in env_names(binary).unwrap() {
+            let listed = doc.contains(&format!("`{name}`"))
+                || wildcards.iter().any(|w| name.starts_with(w.as_str()));
+            assert!(listed, "docs/operations.md does not list {name} ({binary})");
+        }
+    }
+}
