@@ -6,7 +6,9 @@
 # Stages: `planner` reduces the workspace to its dependency recipe, `builder` compiles the
 # dependencies from that recipe alone (a layer that stays cached until Cargo.lock or a manifest
 # changes), then the workspace; `runtime` is Debian slim with git (the analyzer fetches
-# repositories), CA certificates and curl (health checks), running as an unprivileged user.
+# repositories), CA certificates, curl (health checks) and tini, running as an unprivileged user.
+# tini is PID 1: the analyzer kills runaway git processes on its caps, and something must reap
+# them (and forward SIGTERM) in a container.
 
 ARG RUST_VERSION=1.95
 ARG DEBIAN_RELEASE=bookworm
@@ -32,7 +34,7 @@ RUN cargo build --release --locked --bins \
 
 FROM debian:${DEBIAN_RELEASE}-slim AS runtime
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates git curl \
+ && apt-get install -y --no-install-recommends ca-certificates git curl tini \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 10001 fairlane \
  && useradd --system --uid 10001 --gid fairlane --home-dir /app --shell /usr/sbin/nologin fairlane
@@ -44,4 +46,5 @@ COPY deploy/ratelimit/rules.yaml deploy/ratelimit/rules.yaml
 USER 10001:10001
 ENV LOG_FORMAT=json RUST_LOG=info
 EXPOSE 8080 9091 9092 9093
+ENTRYPOINT ["/usr/bin/tini", "--"]
 CMD ["web", "serve"]

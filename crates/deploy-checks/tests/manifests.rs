@@ -149,15 +149,23 @@ fn the_validators_refuse_broken_objects() {
     assert!(!ok, "an unknown kind passed:\n{text}");
 }
 
-/// Every container of a pod template: (owner, binary = command[0], container).
+/// Every container of a pod template: (owner, binary = args[0], container). Fairlane containers
+/// set `args` (the image's CMD) and never `command`, which would replace the image's tini
+/// entrypoint.
 fn containers(objects: &[Value]) -> Vec<(String, String, Value)> {
     let mut out = Vec::new();
     for o in objects {
         if let Some(list) = o["spec"]["template"]["spec"]["containers"].as_array() {
             for c in list {
-                let binary = c["command"][0].as_str().unwrap_or_else(|| {
+                assert!(
+                    c.get("command").is_none(),
+                    "{}/{}: `command` would bypass the image's tini entrypoint; use `args`",
+                    o["kind"],
+                    o["metadata"]["name"]
+                );
+                let binary = c["args"][0].as_str().unwrap_or_else(|| {
                     panic!(
-                        "{}/{}: container without a command",
+                        "{}/{}: container without args naming its binary",
                         o["kind"], o["metadata"]["name"]
                     )
                 });
@@ -397,7 +405,7 @@ fn deployments_have_probes_resources_budgets_graceful_shutdown_and_scaling() {
         }
         let job = find("Job", "fairlane-migrate");
         assert_eq!(
-            job["spec"]["template"]["spec"]["containers"][0]["command"],
+            job["spec"]["template"]["spec"]["containers"][0]["args"],
             json!(["web", "migrate"])
         );
     }
