@@ -159,9 +159,20 @@ async fn heavy_limits_hold_across_three_replicas() {
     let db = TestDb::new().await;
     let free = user(&db, "free").await;
     let enterprise = user(&db, "enterprise").await;
+    // Two priority workers per replica: Enterprise's limit of 5 can only be reached with jobs
+    // running on all three replicas at once, so reaching it proves admission is fleet-wide.
+    let mut workers: Vec<_> = (0..3)
+        .map(|i| {
+            spawn(
+                &db,
+                &format!("aw{i}"),
+                &[("ANALYZER_QUEUE_PRIORITY_WORKERS", "2")],
+            )
+        })
+        .collect();
+    wait_for_replicas(&db, 3).await;
     let free_jobs = enqueue(&db, "analysis_default", Some(free), 200, 20).await;
-    let ent_jobs = enqueue(&db, "analysis_priority", Some(enterprise), 200, 20).await;
-    let mut workers: Vec<_> = (0..3).map(|i| spawn(&db, &format!("aw{i}"), &[])).collect();
+    let ent_jobs = enqueue(&db, "analysis_priority", Some(enterprise), 300, 20).await;
     wait_completed(&db, &free_jobs, Duration::from_secs(60)).await;
     wait_completed(&db, &ent_jobs, Duration::from_secs(60)).await;
     stop_all(&mut workers).await;
@@ -176,15 +187,32 @@ async fn heavy_limits_hold_across_three_replicas() {
     let ent_runs = runs(&db, &ent_jobs).await;
     assert_eq!(ent_runs.len(), 20);
     assert_eq!(peak(&ent_runs), 5, "Enterprise reaches and never exceeds 5");
-    let replicas: std::collections::HashSet<&str> = free_runs
-        .iter()
-        .chain(&ent_runs)
-        .map(|r| r.worker.as_str())
-        .collect();
-    assert!(
-        replicas.len() >= 2,
-        "jobs ran on several replicas: {replicas:?}"
+    let replicas: std::collections::HashSet<&str> =
+        ent_runs.iter().map(|r| r.worker.as_str()).collect();
+    assert_eq!(
+        replicas.len(),
+        3,
+        "Enterprise's jobs ran on every replica: {replicas:?}"
     );
+}
+
+/// Waits until `n` worker processes have registered (so none gets a head start on the jobs).
+async fn wait_for_replicas(db: &TestDb, n: i64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let registered: i64 = sqlx::query_scalar("SELECT count(*) FROM fairlane_worker")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        if registered >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {registered} of {n} replicas registered"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
