@@ -30,6 +30,8 @@ use crate::period::BillingPeriod;
 /// The SQL condition for a live reservation `r`: linked to a job that is not final, or not yet
 /// linked and younger than its TTL. A reservation of a finished or deleted job no longer counts,
 /// even before cleanup removes it.
+/// A reservation that still holds units, exactly: unlinked and within its TTL, or linked to a job
+/// that exists and is not final. Used for the gauge and the cleanup's view.
 pub(crate) const LIVE_RESERVATION: &str = "((r.job_id IS NULL AND r.expires_at > now()) \
      OR EXISTS (SELECT 1 FROM fairlane_job j WHERE j.id = r.job_id \
                 AND j.state NOT IN ('completed', 'cancelled', 'discarded')))";
@@ -327,6 +329,13 @@ async fn lock_user(conn: &mut PgConnection, user_id: Uuid) -> Result<Tier, Quota
     }
 }
 
+/// The reservations a quota check counts: every linked one, and unlinked ones within their TTL.
+/// A linked reservation ends in the same transaction as its job's final state, so a linked one
+/// whose job is final or gone is an orphan of a bug or a hand edit; counting it until the
+/// scheduler's cleanup removes it errs on the safe side (it can only refuse, never overspend),
+/// and spares the check a look-up of every pending job of the user.
+const COUNTED_RESERVATION: &str = "(r.job_id IS NOT NULL OR r.expires_at > now())";
+
 /// Used and reserved units, read in one statement (one snapshot: a completion that moves units
 /// from reserved to used is seen entirely or not at all).
 async fn standing(
@@ -343,7 +352,7 @@ async fn standing(
                AND occurred_at >= $3 AND occurred_at < $4), \
            (SELECT COALESCE(SUM(r.reserved_amount), 0)::int8 FROM quota_reservations r \
              WHERE r.user_id = $1 AND r.event_type = $2::fairlane_usage_event_type \
-               AND {LIVE_RESERVATION})"
+               AND {COUNTED_RESERVATION})"
     );
     let (used, reserved): (i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(user_id)
