@@ -5,7 +5,6 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::Parser;
-use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
 #[command(name = "analyzer-worker", version, about = "Fairlane analyzer-worker")]
@@ -20,15 +19,9 @@ fn main() -> anyhow::Result<()> {
     let config: analyzer_worker::Config =
         common::config::load(cli.config.as_deref()).context("loading configuration")?;
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    runtime.block_on(async {
-        let telemetry = telemetry::init(&config.worker.telemetry)?;
-        let shutdown = CancellationToken::new();
-        tokio::spawn(workerkit::cancel_on_signal(shutdown.clone()));
-        let pool = workerkit::lazy_pool(&config.worker)?;
-        let result = analyzer_worker::run(&config, pool, shutdown).await;
-        if let Err(e) = tokio::task::spawn_blocking(move || telemetry.shutdown()).await? {
-            tracing::warn!(error = %e, "telemetry shutdown");
-        }
-        result.context("analyzer-worker failed")
-    })
+    runtime
+        .block_on(workerkit::serve(&config.worker, |pool, shutdown| {
+            analyzer_worker::run(&config, pool, shutdown)
+        }))
+        .context("analyzer-worker failed")
 }

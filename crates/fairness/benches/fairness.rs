@@ -175,7 +175,7 @@ async fn run(tiers: &[Tier], order: &[usize], workers: usize, fair: bool) -> Out
     }
     let engine = builder.build().unwrap();
     let shutdown = CancellationToken::new();
-    let cpu_before = cpu_seconds();
+    let cpu_before = testkit::cpu_seconds();
     let started = Instant::now();
     let handle = tokio::spawn(engine.run(shutdown.clone()));
     loop {
@@ -193,7 +193,7 @@ async fn run(tiers: &[Tier], order: &[usize], workers: usize, fair: bool) -> Out
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let elapsed = started.elapsed().as_secs_f64();
-    let cpu_after = cpu_seconds();
+    let cpu_after = testkit::cpu_seconds();
     shutdown.cancel();
     handle.await.unwrap().unwrap();
     let snoozes: i64 = sqlx::query_scalar(
@@ -241,32 +241,4 @@ async fn run(tiers: &[Tier], order: &[usize], workers: usize, fair: bool) -> Out
         snoozes,
         slot_latency_ms,
     }
-}
-
-/// CPU seconds used so far by this process and by all `postgres` processes (from /proc).
-fn cpu_seconds() -> (f64, f64) {
-    fn ticks(stat: &str) -> Option<f64> {
-        let after = stat.rsplit_once(')')?.1;
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        let utime: f64 = fields.get(11)?.parse().ok()?;
-        let stime: f64 = fields.get(12)?.parse().ok()?;
-        Some((utime + stime) / 100.0)
-    }
-    let own = std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|s| ticks(&s))
-        .unwrap_or(0.0);
-    let mut server = 0.0;
-    if let Ok(entries) = std::fs::read_dir("/proc") {
-        for e in entries.flatten() {
-            let path = e.path();
-            if std::fs::read_to_string(path.join("comm")).is_ok_and(|c| c.trim() == "postgres") {
-                server += std::fs::read_to_string(path.join("stat"))
-                    .ok()
-                    .and_then(|s| ticks(&s))
-                    .unwrap_or(0.0);
-            }
-        }
-    }
-    (own, server)
 }

@@ -124,7 +124,7 @@ async fn main() {
         .unwrap();
     let shutdown = CancellationToken::new();
     let scans_before = seq_scans(&pool).await;
-    let cpu_before = cpu_seconds();
+    let cpu_before = testkit::cpu_seconds();
     let started = Instant::now();
     let handle = tokio::spawn(engine.run(shutdown.clone()));
     loop {
@@ -143,7 +143,7 @@ async fn main() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let burn_secs = started.elapsed().as_secs_f64();
-    let cpu_after = cpu_seconds();
+    let cpu_after = testkit::cpu_seconds();
     shutdown.cancel();
     let scans_after = seq_scans(&pool).await;
     handle.await.unwrap().unwrap();
@@ -296,34 +296,6 @@ async fn pgbench_insert_rate() -> String {
 /// sqlx adds its own parameters to URLs; libpq tools refuse them.
 fn libpq_url(url: &str) -> String {
     url.split('?').next().unwrap_or(url).to_owned()
-}
-
-/// CPU seconds used so far by this process and by all `postgres` processes (from /proc).
-fn cpu_seconds() -> (f64, f64) {
-    fn ticks(stat: &str) -> Option<f64> {
-        let after = stat.rsplit_once(')')?.1;
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        let utime: f64 = fields.get(11)?.parse().ok()?;
-        let stime: f64 = fields.get(12)?.parse().ok()?;
-        Some((utime + stime) / 100.0)
-    }
-    let own = std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|s| ticks(&s))
-        .unwrap_or(0.0);
-    let mut server = 0.0;
-    if let Ok(entries) = std::fs::read_dir("/proc") {
-        for e in entries.flatten() {
-            let path = e.path();
-            if std::fs::read_to_string(path.join("comm")).is_ok_and(|c| c.trim() == "postgres") {
-                server += std::fs::read_to_string(path.join("stat"))
-                    .ok()
-                    .and_then(|s| ticks(&s))
-                    .unwrap_or(0.0);
-            }
-        }
-    }
-    (own, server)
 }
 
 async fn seq_scans(pool: &sqlx::PgPool) -> (i64, i64) {

@@ -86,6 +86,35 @@ pub fn with_trace(job: queue::NewJob) -> queue::NewJob {
     }
 }
 
+/// Opens the transaction that enqueues a user's request: checks and reserves one request's worth
+/// of `service` quota (serialized per user, so the limit can never be exceeded), inserts the job
+/// built from `args` into the lane of the user's tier with the request's trace context, and links
+/// the reservation to it. The caller adds its own rows and commits; the workers are woken after
+/// the commit (a [`queue::QueueTx`] sends no NOTIFY inside the transaction).
+pub async fn enqueue_reserved<A: common::JobArgs>(
+    state: &AppState,
+    user_id: uuid::Uuid,
+    service: common::Service,
+    args: &A,
+) -> Result<(queue::QueueTx, queue::Inserted), Problem> {
+    let mut tx = state.queue.begin().await?;
+    let grant = state
+        .quota
+        .check(&mut tx, user_id, service, chrono::Utc::now())
+        .await
+        .map_err(quota_problem)?;
+    let job = with_trace(queue::NewJob::new(
+        common::select_queue(service, grant.tier, false),
+        args,
+    )?);
+    let inserted = tx.insert(job).await?;
+    grant
+        .reserve(&mut tx, Some(inserted.job.id))
+        .await
+        .map_err(quota_problem)?;
+    Ok((tx, inserted))
+}
+
 /// A database pool for `config` (connected lazily: the service starts while PostgreSQL is down,
 /// and `/readyz` says so).
 pub fn pool(config: &WebConfig) -> anyhow::Result<PgPool> {

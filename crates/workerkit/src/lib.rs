@@ -171,6 +171,38 @@ pub async fn wait_for_schema(pool: &PgPool, shutdown: &CancellationToken) -> boo
     }
 }
 
+/// Why a worker binary stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("telemetry: {0}")]
+    Telemetry(#[from] telemetry::TelemetryError),
+    #[error(transparent)]
+    Worker(#[from] WorkerError),
+}
+
+/// The body of a worker binary's `main` once its configuration is loaded: starts telemetry,
+/// cancels on SIGTERM/SIGINT, builds the lazy pool, runs the service until it drains, then
+/// flushes telemetry (off the async workers: flushing blocks, boundedly).
+pub async fn serve<F, Fut>(worker: &WorkerConfig, run: F) -> Result<(), ServeError>
+where
+    F: FnOnce(PgPool, CancellationToken) -> Fut,
+    Fut: Future<Output = Result<(), WorkerError>>,
+{
+    let telemetry = telemetry::init(&worker.telemetry)?;
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    let result = match lazy_pool(worker) {
+        Ok(pool) => run(pool, shutdown).await,
+        Err(e) => Err(e),
+    };
+    match tokio::task::spawn_blocking(move || telemetry.shutdown()).await {
+        Ok(Err(e)) => tracing::warn!(error = %e, "telemetry shutdown"),
+        Err(e) => tracing::warn!(error = %e, "telemetry shutdown task failed"),
+        Ok(Ok(())) => {}
+    }
+    Ok(result?)
+}
+
 /// Cancels `token` on SIGTERM or SIGINT.
 pub async fn cancel_on_signal(token: CancellationToken) {
     use tokio::signal::unix::{SignalKind, signal};

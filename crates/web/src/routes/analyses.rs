@@ -4,11 +4,9 @@
 use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use chrono::Utc;
-use common::{AnalysisArgs, Service, select_queue};
+use common::{AnalysisArgs, Service};
 use http::{HeaderValue, StatusCode};
 use inventory::{FetchError, RepoUrl, UrlError};
-use queue::NewJob;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -17,7 +15,6 @@ use super::{ANALYSIS_COLUMNS, AnalysisView, JobSummary, is_object_id};
 use crate::auth::AuthUser;
 use crate::extract::{ApiJson, IdPath};
 use crate::problem::Problem;
-use crate::quota_problem;
 use crate::state::AppState;
 
 /// Request body of `POST /v1/analyses`.
@@ -175,29 +172,14 @@ pub async fn create(
     }
 
     let analysis_id = Uuid::new_v4();
-    // A queue transaction: its job insert wakes the workers after commit instead of sending a
-    // NOTIFY inside it (PostgreSQL serializes the commits of notifying transactions).
-    let mut tx = state.queue.begin().await?;
-    let grant = state
-        .quota
-        .check(&mut tx, user.user_id, Service::Analysis, Utc::now())
-        .await
-        .map_err(quota_problem)?;
     let args = AnalysisArgs {
         user_id: Some(user.user_id),
         analysis_id,
         repository: repository.clone(),
         git_ref: Some(commit.clone()),
     };
-    let job = crate::with_trace(NewJob::new(
-        select_queue(Service::Analysis, grant.tier, false),
-        &args,
-    )?);
-    let inserted = tx.insert(job).await?;
-    grant
-        .reserve(&mut tx, Some(inserted.job.id))
-        .await
-        .map_err(quota_problem)?;
+    let (mut tx, inserted) =
+        crate::enqueue_reserved(&state, user.user_id, Service::Analysis, &args).await?;
     sqlx::query(
         "INSERT INTO analyses (id, user_id, repository, requested_ref, commit, job_id) \
          VALUES ($1, $2, $3, $4, $5, $6)",

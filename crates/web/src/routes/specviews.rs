@@ -4,10 +4,8 @@
 use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use chrono::Utc;
-use common::{Service, SpecviewArgs, select_queue};
+use common::{Service, SpecviewArgs};
 use http::{HeaderMap, HeaderValue, StatusCode};
-use queue::NewJob;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -16,7 +14,6 @@ use super::{JobSummary, SPECVIEW_COLUMNS, SpecviewView};
 use crate::auth::AuthUser;
 use crate::extract::{ApiJson, IdPath};
 use crate::problem::Problem;
-use crate::quota_problem;
 use crate::state::AppState;
 
 /// Request body of `POST /v1/specviews`.
@@ -75,28 +72,13 @@ pub async fn create(
         Some(_) => {}
     }
     let specview_id = Uuid::new_v4();
-    // A queue transaction: its job insert wakes the workers after commit instead of sending a
-    // NOTIFY inside it (PostgreSQL serializes the commits of notifying transactions).
-    let mut tx = state.queue.begin().await?;
-    let grant = state
-        .quota
-        .check(&mut tx, user.user_id, Service::Specview, Utc::now())
-        .await
-        .map_err(quota_problem)?;
     let args = SpecviewArgs {
         user_id: Some(user.user_id),
         specview_id,
         analysis_id: body.analysis_id,
     };
-    let job = crate::with_trace(NewJob::new(
-        select_queue(Service::Specview, grant.tier, false),
-        &args,
-    )?);
-    let inserted = tx.insert(job).await?;
-    grant
-        .reserve(&mut tx, Some(inserted.job.id))
-        .await
-        .map_err(quota_problem)?;
+    let (mut tx, inserted) =
+        crate::enqueue_reserved(&state, user.user_id, Service::Specview, &args).await?;
     sqlx::query("INSERT INTO specviews (id, user_id, analysis_id, job_id) VALUES ($1, $2, $3, $4)")
         .bind(specview_id)
         .bind(user.user_id)
