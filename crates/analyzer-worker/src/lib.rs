@@ -35,15 +35,7 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Self {
-        let defaults = WorkerConfig::default();
-        let worker = WorkerConfig {
-            http_addr: "0.0.0.0:9091".into(),
-            telemetry: telemetry::TelemetryConfig {
-                otel_service_name: "fairlane-analyzer-worker".into(),
-                ..defaults.telemetry.clone()
-            },
-            ..defaults
-        };
+        let worker = WorkerConfig::for_service("0.0.0.0:9091", "fairlane-analyzer-worker");
         Config {
             analyzer_queue_priority_workers: 5,
             analyzer_queue_default_workers: 3,

@@ -29,15 +29,7 @@ pub struct Config {
 
 impl Default for Config {
     fn default() -> Self {
-        let defaults = WorkerConfig::default();
-        let worker = WorkerConfig {
-            http_addr: "0.0.0.0:9092".into(),
-            telemetry: telemetry::TelemetryConfig {
-                otel_service_name: "fairlane-specgen-worker".into(),
-                ..defaults.telemetry.clone()
-            },
-            ..defaults
-        };
+        let worker = WorkerConfig::for_service("0.0.0.0:9092", "fairlane-specgen-worker");
         Config {
             specgen_queue_priority_workers: 3,
             specgen_queue_default_workers: 2,

@@ -39,6 +39,21 @@ impl Default for WorkerConfig {
     }
 }
 
+impl WorkerConfig {
+    /// The defaults of one worker service: its own HTTP address and OpenTelemetry service name.
+    pub fn for_service(http_addr: &str, otel_service_name: &str) -> Self {
+        let defaults = WorkerConfig::default();
+        WorkerConfig {
+            http_addr: http_addr.to_owned(),
+            telemetry: TelemetryConfig {
+                otel_service_name: otel_service_name.to_owned(),
+                ..defaults.telemetry.clone()
+            },
+            ..defaults
+        }
+    }
+}
+
 /// Queue engine tunables exposed as `QUEUE_*` variables (the rest keep the engine's defaults).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
