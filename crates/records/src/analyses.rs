@@ -5,7 +5,7 @@ use sqlx::PgPool;
 use sqlx::types::Json;
 use uuid::Uuid;
 
-use crate::{Refusal, WorkState, refusal};
+use crate::{Refusal, WorkState, read_refusal};
 
 /// An analysis record claimed by its job.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -45,12 +45,9 @@ pub async fn claim(
     if let Some(record) = claimed {
         return Ok(Ok(record));
     }
-    let found: Option<(WorkState, Option<i64>)> =
-        sqlx::query_as("SELECT state, job_id FROM analyses WHERE id = $1")
-            .bind(analysis_id)
-            .fetch_optional(pool)
-            .await?;
-    Ok(Err(refusal(found, job_id)))
+    Ok(Err(
+        read_refusal(pool, "analyses", analysis_id, job_id).await?
+    ))
 }
 
 /// Stores the analysed commit and the result on a `running` record of `job_id`, which stays

@@ -68,6 +68,23 @@ impl std::fmt::Display for Refusal {
     }
 }
 
+/// Why record `id` of `table` (`analyses` or `specviews`) could not be claimed by `job_id`,
+/// read right after the claim found nothing to update.
+async fn read_refusal(
+    pool: &sqlx::PgPool,
+    table: &'static str,
+    id: uuid::Uuid,
+    job_id: i64,
+) -> Result<Refusal, sqlx::Error> {
+    let found: Option<(WorkState, Option<i64>)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT state, job_id FROM {table} WHERE id = $1"
+    )))
+    .bind(id)
+    .fetch_optional(pool)
+    .await?;
+    Ok(refusal(found, job_id))
+}
+
 /// Why a record cannot be claimed, from what the database holds (`None` = no such record).
 fn refusal(found: Option<(WorkState, Option<i64>)>, job_id: i64) -> Refusal {
     match found {

@@ -6,7 +6,7 @@ use sqlx::PgPool;
 use sqlx::types::Json;
 use uuid::Uuid;
 
-use crate::{Refusal, WorkState, refusal};
+use crate::{Refusal, WorkState, read_refusal};
 
 /// A specview record claimed by its job, with its analysis.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
@@ -50,12 +50,9 @@ pub async fn claim(
     if let Some(record) = claimed {
         return Ok(Ok(record));
     }
-    let found: Option<(WorkState, Option<i64>)> =
-        sqlx::query_as("SELECT state, job_id FROM specviews WHERE id = $1")
-            .bind(specview_id)
-            .fetch_optional(pool)
-            .await?;
-    Ok(Err(refusal(found, job_id)))
+    Ok(Err(
+        read_refusal(pool, "specviews", specview_id, job_id).await?
+    ))
 }
 
 /// Stores the specification (structured and as Markdown) on a `running` record of `job_id`,
