@@ -13,7 +13,7 @@ use http::Method;
 use queue::NewJob;
 use serde_json::{Value, json};
 use support::fixture::{self, EXPECTED_MARKDOWN, EXPECTED_PER_FRAMEWORK, EXPECTED_TESTS};
-use support::{Fixture, Specgen, TempDir, Web, billing_rows, spawn_worker, worker_env};
+use support::{GitFixture, Specgen, TempDir, Web, billing_rows, spawn_worker, worker_env};
 use testkit::TestDb;
 use uuid::Uuid;
 
@@ -41,7 +41,7 @@ fn expected_per_framework() -> Vec<(String, u64)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heavy_every_framework_is_inventoried_served_from_cache_and_specified() {
     let db = TestDb::new().await;
-    let repo = Fixture::new("e2e-every");
+    let repo = GitFixture::new("e2e-every");
     let commit = fixture::build(&repo);
     let work = TempDir::new("e2e-every-work");
     let web = Web::start(&db).await;
@@ -172,7 +172,7 @@ async fn heavy_every_framework_is_inventoried_served_from_cache_and_specified() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heavy_a_ref_that_moves_between_requests_is_analysed_at_each_commit() {
     let db = TestDb::new().await;
-    let repo = Fixture::new("e2e-moving");
+    let repo = GitFixture::new("e2e-moving");
     let first_commit = fixture::build(&repo);
     let work = TempDir::new("e2e-moving-work");
     let web = Web::start(&db).await;
@@ -225,7 +225,7 @@ async fn heavy_a_ref_that_moves_between_requests_is_analysed_at_each_commit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heavy_a_system_reanalysis_resolves_the_default_branch_and_feeds_the_cache() {
     let db = TestDb::new().await;
-    let repo = Fixture::new("e2e-system");
+    let repo = GitFixture::new("e2e-system");
     let commit = fixture::build(&repo);
     let work = TempDir::new("e2e-system-work");
 

@@ -15,10 +15,11 @@ use common::{AnalysisArgs, Service, Tier, select_queue};
 use queue::NewJob;
 use serde_json::{Value, json};
 use support::{
-    Api, Fixture, OrphanedGit, TempDir, Web, billing_rows, job_billing, job_state,
-    processes_mentioning, random_bytes, spawn_worker, worker_env,
+    Api, GitFixture, OrphanedGit, TempDir, Web, billing_rows, job_billing, job_state,
+    processes_mentioning, spawn_worker, worker_env,
 };
 use testkit::TestDb;
+use testkit::git_fixture::random_bytes;
 use uuid::Uuid;
 
 const SETTLE: Duration = Duration::from_secs(60);
@@ -54,11 +55,11 @@ async fn assert_failed_unbilled(db: &TestDb, analysis: &Value, job: i64, error: 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heavy_oversized_repositories_fail_within_the_caps() {
     let db = TestDb::new().await;
-    let big = Fixture::new("caps-bytes");
+    let big = GitFixture::new("caps-bytes");
     big.write("src/lib.rs", "#[test]\nfn ok() {}\n");
     big.write("assets/blob.bin", random_bytes(3 * 1024 * 1024));
     let big_commit = big.commit("big");
-    let many = Fixture::new("caps-files");
+    let many = GitFixture::new("caps-files");
     for i in 0..40 {
         many.write(&format!("pkg{}/f{i}_test.go", i % 4), "package p\n");
     }
@@ -108,7 +109,7 @@ async fn heavy_oversized_repositories_fail_within_the_caps() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heavy_a_stalled_fetch_is_stopped_at_the_time_cap() {
     let db = TestDb::new().await;
-    let repo = Fixture::new("caps-stall");
+    let repo = GitFixture::new("caps-stall");
     repo.write("a_test.go", "package a\n");
     let commit = repo.commit("a");
     repo.stall(&commit);
@@ -149,7 +150,7 @@ async fn heavy_a_stalled_fetch_is_stopped_at_the_time_cap() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heavy_a_worker_killed_mid_fetch_is_swept_at_restart_and_the_job_ends_cleanly() {
     let db = TestDb::new().await;
-    let repo = Fixture::new("kill-stall");
+    let repo = GitFixture::new("kill-stall");
     repo.write("a_test.go", "package a\n");
     let commit = repo.commit("a");
     repo.stall(&commit);
@@ -228,7 +229,7 @@ fn spawn_logged_worker(env: &[(String, String)], log: &std::path::Path) -> tokio
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heavy_unfetchable_or_refused_repositories_fail_the_job_and_never_log_credentials() {
     let db = TestDb::new().await;
-    let repo = Fixture::new("refused");
+    let repo = GitFixture::new("refused");
     repo.write("a_test.go", "package a\n");
     let commit = repo.commit("a");
     let work = TempDir::new("refused-work");
@@ -345,7 +346,7 @@ async fn heavy_a_missing_repository_fails_the_job_with_a_clear_error() {
 async fn heavy_disallowed_urls_are_refused_at_the_api_and_never_reach_a_worker() {
     let db = TestDb::new().await;
     let work = TempDir::new("api-refused-work");
-    let repo = Fixture::new("api-refused");
+    let repo = GitFixture::new("api-refused");
     let commit = repo.commit("empty");
     // Production settings: https only, public hosts only.
     let web = Web::start_with(web::WebConfig {
@@ -394,7 +395,7 @@ async fn heavy_disallowed_urls_are_refused_at_the_api_and_never_reach_a_worker()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heavy_cancelling_a_running_analysis_kills_git_and_removes_its_checkout() {
     let db = TestDb::new().await;
-    let repo = Fixture::new("cancel-stall");
+    let repo = GitFixture::new("cancel-stall");
     repo.write("a_test.go", "package a\n");
     let commit = repo.commit("a");
     repo.stall(&commit);
@@ -450,7 +451,7 @@ async fn heavy_cancelling_a_running_analysis_kills_git_and_removes_its_checkout(
 async fn heavy_a_scan_over_its_time_cap_fails_and_still_removes_the_checkout() {
     let db = TestDb::new().await;
     // 4,000 test files take far longer than a millisecond to walk, read and lex.
-    let repo = Fixture::new("scan-cap");
+    let repo = GitFixture::new("scan-cap");
     for i in 0..4000 {
         repo.write(
             &format!("pkg{}/case{i}_test.py", i % 40),

@@ -3,7 +3,7 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use super::Fixture;
+use super::GitFixture;
 
 const RUST_LIB: &str = r##"//! Order parsing. Mark a function with `#[test]` to test it.
 pub fn parse(input: &str) -> Vec<&str> {
@@ -184,7 +184,7 @@ public class Checkout {
 "#;
 
 /// Writes the fixture's files and commits them; returns the commit.
-pub fn build(repo: &Fixture) -> String {
+pub fn build(repo: &GitFixture) -> String {
     repo.write("crates/core/src/lib.rs", RUST_LIB);
     repo.write("crates/core/src/util.rs", RUST_LOOKALIKE);
     repo.write("crates/core/tests/roundtrip.rs", RUST_INTEGRATION);
@@ -228,7 +228,7 @@ pub fn build(repo: &Fixture) -> String {
 }
 
 /// A second commit: one more Go test in a new file.
-pub fn add_users_test(repo: &Fixture) -> String {
+pub fn add_users_test(repo: &GitFixture) -> String {
     repo.write(
         "services/api/users_test.go",
         "package api\n\nimport \"testing\"\n\nfunc TestCreateUser(t *testing.T) {}\n",

@@ -1,7 +1,6 @@
 //! The caps: bytes, files and time; and that checkout folders disappear in every case
 //! (success, error, timeout, cancellation, panic) and after crashes (`sweep_stale`).
 
-use std::io::Read;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -10,16 +9,9 @@ use inventory::fetch::{FetchError, Limits, Stage, fetch, process_start_time, swe
 use inventory::url_policy::vet_url;
 use inventory::{AnalyzeError, analyze};
 
-use crate::support::{Fixture, TempDir, leftovers, limits, policy, processes_mentioning};
-
-fn random_bytes(n: usize) -> Vec<u8> {
-    let mut buf = vec![0u8; n];
-    std::fs::File::open("/dev/urandom")
-        .unwrap()
-        .read_exact(&mut buf)
-        .unwrap();
-    buf
-}
+use crate::support::{
+    GitFixture, TempDir, leftovers, limits, policy, processes_mentioning, random_bytes,
+};
 
 fn capped(root: &Path, max_bytes: u64, max_files: u64) -> Limits {
     Limits {
@@ -32,7 +24,7 @@ fn capped(root: &Path, max_bytes: u64, max_files: u64) -> Limits {
 
 #[tokio::test]
 async fn an_incompressible_repository_over_the_byte_cap_fails_while_fetching() {
-    let repo = Fixture::new("caps-random");
+    let repo = GitFixture::new("caps-random");
     repo.write("small.txt", "fine");
     repo.write("blob.bin", random_bytes(8 * 1024 * 1024));
     repo.commit("big");
@@ -56,7 +48,7 @@ async fn an_incompressible_repository_over_the_byte_cap_fails_while_fetching() {
 #[tokio::test]
 async fn a_compressible_repository_over_the_byte_cap_is_refused_before_checkout() {
     // 16 MiB of zeros packs to a few KiB: the fetch passes, the tree listing refuses it.
-    let repo = Fixture::new("caps-zeros");
+    let repo = GitFixture::new("caps-zeros");
     repo.write("zeros.bin", vec![0u8; 16 * 1024 * 1024]);
     repo.commit("zeros");
     let root = TempDir::new("caps-zeros-work");
@@ -78,7 +70,7 @@ async fn a_compressible_repository_over_the_byte_cap_is_refused_before_checkout(
 
 #[tokio::test]
 async fn too_many_files_are_refused_before_checkout() {
-    let repo = Fixture::new("caps-files");
+    let repo = GitFixture::new("caps-files");
     for i in 0..150 {
         repo.write(&format!("dir{}/f{i}.txt", i % 7), format!("{i}"));
     }
@@ -107,23 +99,11 @@ async fn too_many_files_are_refused_before_checkout() {
 
 /// A repository whose commit object is a FIFO: `git ls-remote` works (refs only), but serving
 /// the commit blocks forever on opening it, like a server that stalls mid-fetch.
-fn stalling_repository(tag: &str) -> (Fixture, String) {
-    let repo = Fixture::new(tag);
+fn stalling_repository(tag: &str) -> (GitFixture, String) {
+    let repo = GitFixture::new(tag);
     repo.write("a.txt", "a");
     let commit = repo.commit("a");
-    let object = repo
-        .path()
-        .join(".git/objects")
-        .join(&commit[..2])
-        .join(&commit[2..]);
-    assert!(
-        object.is_file(),
-        "expected a loose object at {}",
-        object.display()
-    );
-    std::fs::remove_file(&object).unwrap();
-    let status = Command::new("mkfifo").arg(&object).status().unwrap();
-    assert!(status.success());
+    repo.stall(&commit);
     (repo, commit)
 }
 
@@ -157,7 +137,7 @@ async fn a_stalled_fetch_is_killed_at_the_time_cap() {
     assert!(elapsed < Duration::from_secs(30), "{elapsed:?}");
     assert_eq!(leftovers(&limits.work_root), Vec::<String>::new());
     // The whole process group is gone: nothing still serves the fixture.
-    assert_eq!(processes_mentioning(&repo_path), Vec::<String>::new());
+    assert_eq!(processes_mentioning(&repo_path), Vec::new());
 
     // By branch: serving the ref listing stalls too, and resolving is capped the same way.
     let resolve_capped = Limits {
@@ -172,7 +152,7 @@ async fn a_stalled_fetch_is_killed_at_the_time_cap() {
         "{err}"
     );
     assert_eq!(leftovers(&limits.work_root), Vec::<String>::new());
-    assert_eq!(processes_mentioning(&repo_path), Vec::<String>::new());
+    assert_eq!(processes_mentioning(&repo_path), Vec::new());
 }
 
 #[tokio::test]
@@ -192,7 +172,7 @@ async fn a_cancelled_fetch_kills_git_and_removes_its_folder() {
         }
         if processes_mentioning(&repo_path)
             .iter()
-            .any(|p| p.contains("upload-pack"))
+            .any(|(_, cmdline)| cmdline.contains("upload-pack"))
         {
             saw_git = true;
             break;
@@ -210,13 +190,13 @@ async fn a_cancelled_fetch_kills_git_and_removes_its_folder() {
         tokio::time::sleep(Duration::from_millis(20)).await;
         remaining = processes_mentioning(&repo_path);
     }
-    assert_eq!(remaining, Vec::<String>::new());
+    assert_eq!(remaining, Vec::new());
     assert_eq!(leftovers(&limits.work_root), Vec::<String>::new());
 }
 
 #[tokio::test]
 async fn a_panic_while_holding_a_checkout_removes_its_folder() {
-    let repo = Fixture::new("caps-panic");
+    let repo = GitFixture::new("caps-panic");
     repo.write("a.txt", "a");
     repo.commit("a");
     let root = TempDir::new("caps-panic-work");

@@ -4,7 +4,7 @@
 use inventory::model::{Framework, Inventory};
 use inventory::{Modifier, analyze};
 
-use crate::support::{Fixture, TempDir, leftovers, limits, policy};
+use crate::support::{GitFixture, TempDir, leftovers, limits, policy};
 
 const RUST_LIB: &str = r##"//! A library. Write `#[test]` above a function to add a test.
 pub fn add(a: i32, b: i32) -> i32 {
@@ -238,8 +238,8 @@ public class UserService {
 }
 "#;
 
-fn build_fixture() -> (Fixture, String) {
-    let repo = Fixture::new("fixture-scan");
+fn build_fixture() -> (GitFixture, String) {
+    let repo = GitFixture::new("fixture-scan");
     repo.write("src/lib.rs", RUST_LIB);
     repo.write("src/notes.rs", RUST_NOTES);
     repo.write("tests/api.rs", RUST_INTEGRATION);

@@ -3,11 +3,11 @@
 use inventory::fetch::{FetchError, fetch, fetch_commit, resolve_ref};
 use inventory::url_policy::vet_url;
 
-use crate::support::{Fixture, TempDir, leftovers, limits, policy};
+use crate::support::{GitFixture, TempDir, leftovers, limits, policy};
 
 #[tokio::test]
 async fn a_moving_ref_resolves_to_each_commit_and_a_fixed_one_identically() {
-    let repo = Fixture::new("resolve-moving");
+    let repo = GitFixture::new("resolve-moving");
     repo.write("a.txt", "one");
     let first = repo.commit("first");
     let root = TempDir::new("resolve-moving-work");
@@ -56,7 +56,7 @@ async fn a_moving_ref_resolves_to_each_commit_and_a_fixed_one_identically() {
 
 #[tokio::test]
 async fn tags_commit_ids_and_missing_refs() {
-    let repo = Fixture::new("resolve-tags");
+    let repo = GitFixture::new("resolve-tags");
     repo.write("a.txt", "one");
     let first = repo.commit("first");
     repo.git(&["tag", "-a", "v1.0", "-m", "release"]);
@@ -126,13 +126,13 @@ async fn missing_repositories_commits_and_empty_repositories() {
     assert!(matches!(err, FetchError::RepositoryNotFound), "{err}");
     assert!(err.is_permanent());
 
-    let empty = Fixture::new("resolve-empty");
+    let empty = GitFixture::new("resolve-empty");
     let url = vet_url(&empty.url(), &policy()).await.unwrap();
     let err = resolve_ref(&url, None, &limits).await.unwrap_err();
     assert!(matches!(err, FetchError::EmptyRepository), "{err}");
 
     // A well-formed commit id the repository does not have fails at fetch time.
-    let repo = Fixture::new("resolve-unknown-commit");
+    let repo = GitFixture::new("resolve-unknown-commit");
     repo.write("a", "a");
     repo.commit("a");
     let url = vet_url(&repo.url(), &policy()).await.unwrap();
