@@ -2,7 +2,7 @@
 //! `@TestFactory` or `@TestTemplate` (JUnit 4/5, TestNG), with enclosing classes (nested ones
 //! too) as suite, `@Disabled`/`@Ignore` (on the method or a class) as skip and `@DisplayName`.
 
-use super::lexer::{Lang, Tok, Token, lex};
+use super::lexer::{Lang, Tok, Token, dotted_name, dotted_span, lex};
 use super::{Found, matching};
 use crate::model::{Framework, Modifier, TestCase};
 
@@ -45,7 +45,7 @@ fn detect_framework(toks: &[Token<'_>]) -> Framework {
     let mut testng = false;
     for (k, t) in toks.iter().enumerate() {
         let qualified = if t.is_ident("import") || t.is_punct(b'@') {
-            dotted(&toks[k + 1..])
+            dotted_name(&toks[k + 1..])
         } else {
             String::new()
         };
@@ -65,27 +65,6 @@ fn detect_framework(toks: &[Token<'_>]) -> Framework {
     } else {
         Framework::Junit5
     }
-}
-
-/// A dotted name (`org.junit.Test`) from the start of `toks`, and how many tokens it spans.
-fn dotted_span(toks: &[Token<'_>]) -> (String, usize) {
-    let mut out = String::new();
-    let mut width = 0;
-    while let Some(t) = toks.get(width) {
-        let want_ident = width % 2 == 0;
-        match t.kind {
-            Tok::Ident if want_ident => out.push_str(t.text),
-            Tok::Punct(b'.') if !want_ident => out.push('.'),
-            _ => break,
-        }
-        width += 1;
-    }
-    (out, width)
-}
-
-/// A dotted name from the start of `toks` (`static` is kept as a first segment).
-fn dotted(toks: &[Token<'_>]) -> String {
-    dotted_span(toks).0
 }
 
 pub(crate) fn scan(src: &str) -> Found {

@@ -95,6 +95,28 @@ struct Lexer<'s> {
     out: Vec<Token<'s>>,
 }
 
+/// A dotted name (`org.junit.Test`, `pytest.mark.skip`) from the start of `toks`, and how many
+/// tokens it spans (names and dots alternate; anything else ends it).
+pub(crate) fn dotted_span(toks: &[Token<'_>]) -> (String, usize) {
+    let mut out = String::new();
+    let mut width = 0;
+    while let Some(t) = toks.get(width) {
+        let want_ident = width % 2 == 0;
+        match t.kind {
+            Tok::Ident if want_ident => out.push_str(t.text),
+            Tok::Punct(b'.') if !want_ident => out.push('.'),
+            _ => break,
+        }
+        width += 1;
+    }
+    (out, width)
+}
+
+/// The dotted name at the start of `toks` (see [`dotted_span`]).
+pub(crate) fn dotted_name(toks: &[Token<'_>]) -> String {
+    dotted_span(toks).0
+}
+
 fn is_ident_start(c: u8, lang: Lang) -> bool {
     c.is_ascii_alphabetic() || c == b'_' || c >= 0x80 || (c == b'$' && dollar_ident(lang))
 }

@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use super::lexer::{Lang, Tok, Token, lex};
+use super::lexer::{Lang, Tok, Token, dotted_name, dotted_span, lex};
 use super::{Found, matching};
 use crate::model::{Framework, Modifier, TestCase};
 
@@ -42,27 +42,6 @@ impl Decorators {
             _ => {}
         }
     }
-}
-
-/// Reads a dotted name (`pytest.mark.skip`) from the start of `toks`, and how many tokens it
-/// spans.
-fn dotted_span(toks: &[Token<'_>]) -> (String, usize) {
-    let mut out = String::new();
-    let mut width = 0;
-    while let Some(t) = toks.get(width) {
-        let want_ident = width % 2 == 0;
-        match t.kind {
-            Tok::Ident if want_ident => out.push_str(t.text),
-            Tok::Punct(b'.') if !want_ident => out.push('.'),
-            _ => break,
-        }
-        width += 1;
-    }
-    (out, width)
-}
-
-fn dotted_name(toks: &[Token<'_>]) -> String {
-    dotted_span(toks).0
 }
 
 /// Splits the file's tokens into logical lines: a new one starts at the first token of a
