@@ -1,5 +1,7 @@
 //! Each algorithm against its definition, with an explicit clock (pure logic, no I/O).
 
+mod common;
+
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use ratelimit::algorithms::decide;
@@ -45,19 +47,6 @@ fn replay(policy: &Policy, trace: &[u64]) -> (Vec<u64>, Vec<Verdict>) {
     (allowed, verdicts)
 }
 
-/// Most allowed requests in any window `(t - w, t]`.
-fn max_in_any_window(allowed: &[u64], w: u64) -> usize {
-    let mut best = 0;
-    let mut lo = 0;
-    for hi in 0..allowed.len() {
-        while allowed[lo] + w <= allowed[hi] {
-            lo += 1;
-        }
-        best = best.max(hi - lo + 1);
-    }
-    best
-}
-
 #[test]
 fn fixed_window_counts_per_aligned_window_and_resets_at_the_boundary() {
     let policy = Policy::new(Algorithm::FixedWindow, Unit::Second, 3);
@@ -86,10 +75,7 @@ fn fixed_window_allows_exactly_n_per_aligned_window_over_a_random_trace() {
     let policy = Policy::new(Algorithm::FixedWindow, Unit::Second, 7);
     let trace = random_trace(11, 20_000, SEC / 20);
     let (allowed, verdicts) = replay(&policy, &trace);
-    let mut per_window = std::collections::HashMap::<u64, u64>::new();
-    for t in &allowed {
-        *per_window.entry(t / SEC).or_default() += 1;
-    }
+    let per_window = common::per_aligned_window(&allowed, SEC);
     assert!(per_window.values().all(|&c| c <= 7));
     // Every denial happened in a window that was already full.
     for (t, v) in trace.iter().zip(&verdicts) {
@@ -107,7 +93,7 @@ fn sliding_log_never_allows_more_than_n_in_any_window() {
         let trace = random_trace(seed, 5_000, SEC / n / 2);
         let (allowed, verdicts) = replay(&policy, &trace);
         assert!(
-            max_in_any_window(&allowed, SEC) <= n as usize,
+            common::max_in_any_window(&allowed, SEC) <= n as usize,
             "seed {seed}: more than {n} in a window"
         );
         // And it is not stricter than the definition: every denied request had exactly n
@@ -235,29 +221,7 @@ fn sliding_window_stays_within_its_documented_bound() {
         let n = policy.requests_per_unit;
         let w = policy.window_micros();
         let (allowed, _) = replay(policy, trace);
-        let mut per_window = std::collections::HashMap::<u64, u64>::new();
-        for t in &allowed {
-            *per_window.entry(t / w).or_default() += 1;
-        }
-        assert!(per_window.values().all(|&c| c <= n));
-        let mut worst_ratio: f64 = 0.0;
-        let mut lo = 0;
-        for hi in 0..allowed.len() {
-            let t = allowed[hi];
-            while allowed[lo] + w <= t {
-                lo += 1;
-            }
-            let count = (hi - lo + 1) as u64;
-            let p = per_window.get(&(t / w - 1)).copied().unwrap_or(0);
-            let e = t % w;
-            assert!(
-                u128::from(count) * u128::from(w) <= u128::from(n * w) + u128::from(p * e),
-                "{count} allowed in a window ending {e} µs into its aligned window (p = {p})"
-            );
-            assert!(count < 2 * n);
-            worst_ratio = worst_ratio.max(count as f64 / n as f64);
-        }
-        worst_ratio
+        common::assert_sliding_window_bound(&allowed, n, w)
     };
     for seed in 0..20 {
         let n = 5 + seed % 20;

@@ -84,7 +84,9 @@ fn check_invariant(policy: &Policy, allowed: &[u64]) {
         Algorithm::SlidingLog => {
             assert!(common::max_in_any_window(allowed, W) <= n as usize);
         }
-        Algorithm::SlidingWindow => common::assert_sliding_window_bound(allowed, n, W),
+        Algorithm::SlidingWindow => {
+            common::assert_sliding_window_bound(allowed, n, W);
+        }
         Algorithm::TokenBucket | Algorithm::LeakyBucket => {
             common::assert_bucket_bound(allowed, n, W, policy.burst);
         }

@@ -170,10 +170,12 @@ pub fn assert_bucket_bound(allowed: &[u64], n: u64, w: u64, burst: u64) {
 }
 
 /// Panics unless the sliding-window counter's documented bound holds: in any `(t - W, t]`
-/// ending `e` µs into its aligned window, allowed ≤ N + p·e/W (p: previous aligned window).
-pub fn assert_sliding_window_bound(allowed: &[u64], n: u64, w: u64) {
+/// ending `e` µs into its aligned window, allowed ≤ N + p·e/W (p: previous aligned window), so
+/// fewer than 2N. Returns the worst window's count as a multiple of N.
+pub fn assert_sliding_window_bound(allowed: &[u64], n: u64, w: u64) -> f64 {
     let per_window = per_aligned_window(allowed, w);
     assert!(per_window.values().all(|&c| c <= n), "{per_window:?}");
+    let mut worst_ratio: f64 = 0.0;
     let mut lo = 0;
     for hi in 0..allowed.len() {
         let t = allowed[hi];
@@ -187,5 +189,8 @@ pub fn assert_sliding_window_bound(allowed: &[u64], n: u64, w: u64) {
             u128::from(count) * u128::from(w) <= u128::from(n * w) + u128::from(p * e),
             "{count} allowed in the window ending at {t} (p = {p}, e = {e})"
         );
+        assert!(count < 2 * n);
+        worst_ratio = worst_ratio.max(count as f64 / n as f64);
     }
+    worst_ratio
 }
