@@ -5,7 +5,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use common::{AnalysisArgs, Service};
-use http::{HeaderValue, StatusCode};
+use http::StatusCode;
 use inventory::{FetchError, RepoUrl, UrlError};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -199,13 +199,7 @@ pub async fn create(
         commit,
         job: JobSummary::from(&inserted.job),
     };
-    let mut response = (StatusCode::ACCEPTED, Json(accepted)).into_response();
-    if let Ok(location) = HeaderValue::from_str(&format!("/v1/jobs/{}", inserted.job.id)) {
-        response
-            .headers_mut()
-            .insert(http::header::LOCATION, location);
-    }
-    Ok(response)
+    Ok(super::accepted_job(accepted, inserted.job.id))
 }
 
 /// An analysis of the caller's.

@@ -7,7 +7,10 @@ pub mod specviews;
 pub mod system;
 pub mod usage;
 
+use axum::Json;
+use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
+use http::{HeaderValue, StatusCode};
 use queue::{JobRow, JobState};
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -213,6 +216,17 @@ pub const SPECVIEW_COLUMNS: &str = "id, analysis_id, state::text AS state, job_i
      created_at, updated_at, completed_at";
 
 /// Whether `s` is a full commit id (SHA-1 or SHA-256 hex), which needs no network to resolve.
+/// `202 Accepted` with `body` and a `Location` header naming the enqueued job's URL.
+pub fn accepted_job(body: impl Serialize, job_id: i64) -> Response {
+    let mut response = (StatusCode::ACCEPTED, Json(body)).into_response();
+    if let Ok(location) = HeaderValue::from_str(&format!("/v1/jobs/{job_id}")) {
+        response
+            .headers_mut()
+            .insert(http::header::LOCATION, location);
+    }
+    response
+}
+
 pub fn is_object_id(s: &str) -> bool {
     (s.len() == 40 || s.len() == 64) && s.bytes().all(|c| c.is_ascii_hexdigit())
 }

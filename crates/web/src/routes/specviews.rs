@@ -5,7 +5,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use common::{Service, SpecviewArgs};
-use http::{HeaderMap, HeaderValue, StatusCode};
+use http::{HeaderMap, HeaderValue};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -92,13 +92,7 @@ pub async fn create(
         analysis_id: body.analysis_id,
         job: JobSummary::from(&inserted.job),
     };
-    let mut response = (StatusCode::ACCEPTED, Json(accepted)).into_response();
-    if let Ok(location) = HeaderValue::from_str(&format!("/v1/jobs/{}", inserted.job.id)) {
-        response
-            .headers_mut()
-            .insert(http::header::LOCATION, location);
-    }
-    Ok(response)
+    Ok(super::accepted_job(accepted, inserted.job.id))
 }
 
 fn wants_markdown(headers: &HeaderMap) -> bool {
