@@ -1,4 +1,8 @@
-//! The quota check itself, as a pure function: `used + reserved + requested <= limit`.
+//! The quota check itself, as a pure function: `used + reserved + requested <= limit`, and the
+//! [`Ledger`] that decides a sequence of requests against the same standings.
+
+use std::collections::HashMap;
+use std::hash::Hash;
 
 /// What the database says about one user, event type and billing period.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,6 +54,35 @@ impl Standing {
                 available: self.available(),
             },
         }
+    }
+}
+
+/// Standings that requests are decided against one after another, as if each had been reserved
+/// before the next was checked: an allowed request adds to `reserved` for every later request of
+/// the same key. This is how a batch decided under one lock stays exact.
+#[derive(Debug, Clone)]
+pub struct Ledger<K> {
+    standings: HashMap<K, Standing>,
+}
+
+impl<K: Eq + Hash> Ledger<K> {
+    pub fn new(standings: impl IntoIterator<Item = (K, Standing)>) -> Self {
+        Ledger {
+            standings: standings.into_iter().collect(),
+        }
+    }
+
+    /// Decides `requested` units for `key`; returns the standing before the request and the
+    /// decision, or `None` for a key the ledger does not hold. An allowed request is counted as
+    /// reserved from then on.
+    pub fn take(&mut self, key: &K, requested: i64) -> Option<(Standing, Decision)> {
+        let standing = self.standings.get_mut(key)?;
+        let before = *standing;
+        let decision = before.decide(requested);
+        if decision.is_allowed() {
+            standing.reserved += requested;
+        }
+        Some((before, decision))
     }
 }
 
@@ -106,6 +139,48 @@ mod tests {
                         );
                     }
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn a_ledger_counts_earlier_grants_of_the_same_key_only() {
+        let mut ledger = Ledger::new([("a", s(4998, 0, 5000)), ("b", s(0, 0, 1))]);
+        assert_eq!(
+            ledger.take(&"a", 1),
+            Some((s(4998, 0, 5000), Decision::Allow { remaining: 1 }))
+        );
+        assert_eq!(ledger.take(&"b", 1).map(|t| t.1.is_allowed()), Some(true));
+        assert_eq!(
+            ledger.take(&"a", 1),
+            Some((s(4998, 1, 5000), Decision::Allow { remaining: 0 }))
+        );
+        // Refusals reserve nothing: a later, smaller request could still fit, but none does here.
+        assert_eq!(
+            ledger.take(&"a", 1),
+            Some((s(4998, 2, 5000), Decision::Deny { available: 0 }))
+        );
+        assert_eq!(ledger.take(&"b", 1).map(|t| t.1.is_allowed()), Some(false));
+        assert_eq!(ledger.take(&"c", 1), None);
+    }
+
+    #[test]
+    fn a_ledger_allows_exactly_what_one_by_one_checks_would() {
+        // Any order of requests of mixed sizes: the ledger's total grant never exceeds the
+        // limit, and equals what sequential check-then-reserve would grant.
+        for limit in 0..20 {
+            for used in 0..5 {
+                let mut ledger = Ledger::new([((), s(used, 0, limit))]);
+                let mut sequential = s(used, 0, limit);
+                for requested in [1, 3, 2, 1, 5, 1, 1, 2, 4, 1, 1, 1] {
+                    let (_, d) = ledger.take(&(), requested).unwrap();
+                    let expected = sequential.decide(requested);
+                    assert_eq!(d, expected);
+                    if expected.is_allowed() {
+                        sequential.reserved += requested;
+                    }
+                }
+                assert!(sequential.used + sequential.reserved <= limit.max(used));
             }
         }
     }

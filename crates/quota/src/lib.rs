@@ -3,10 +3,13 @@
 //! - [`QuotaConfig`]: limits per tier and event type, cost per request, reservation TTL and
 //!   billing cycle, from `QUOTA_*` settings.
 //! - [`period`]: billing periods (calendar months in UTC by default).
-//! - [`decision`]: the check `used + reserved + requested <= limit`, pure.
+//! - [`decision`]: the check `used + reserved + requested <= limit` and the [`Ledger`] that
+//!   decides a batch of requests in order, pure.
 //! - [`Quota::check`]: the check inside the caller's transaction, serialized per user, giving a
 //!   [`Grant`] (with the user's tier, for routing); [`Grant::reserve`] inserts the reservation,
-//!   linked to the job inserted in that transaction. [`Quota::reserve`] +
+//!   linked to the job inserted in that transaction. [`Quota::check_many`] and
+//!   [`Quota::reserve_many`] do the same for a batch in a constant number of statements.
+//!   [`Quota::reserve`] +
 //!   [`Reservation::attach_job`] is the same in ADR-21's order (reserve first, link later).
 //! - [`QuotaHook`]: a queue transition hook that bills a completed job exactly once and releases
 //!   the reservation of a cancelled or discarded one, in the queue's own transaction.
@@ -22,7 +25,7 @@ pub mod period;
 pub mod store;
 
 pub use config::{InvalidQuotaConfig, QuotaConfig};
-pub use decision::{Decision, Standing};
+pub use decision::{Decision, Ledger, Standing};
 pub use error::{QuotaError, QuotaExceeded};
 pub use hook::{HookEffect, QuotaHook, end_reservations};
 pub use period::{BillingCycle, BillingPeriod};

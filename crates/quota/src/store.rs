@@ -1,15 +1,17 @@
-//! Reservations and usage in PostgreSQL: [`Quota::reserve`] inside the caller's transaction,
-//! [`Reservation::attach_job`], [`release`], [`Quota::usage`], [`cleanup`] and
-//! [`active_reservations`].
+//! Reservations and usage in PostgreSQL: [`Quota::check`] / [`Quota::check_many`] with
+//! [`Grant::reserve`] / [`Quota::reserve_many`] inside the caller's transaction,
+//! [`Quota::reserve`] + [`Reservation::attach_job`], [`release`], [`Quota::usage`], [`cleanup`]
+//! and [`active_reservations`].
 //!
-//! Why it cannot overspend (the race ADR-21's formula alone leaves open): `reserve` first takes
-//! the user's row lock (`SELECT … FOR NO KEY UPDATE`), so two reservations of the same user run
-//! one after the other; the sums are then read by a *new* statement, whose snapshot (READ
-//! COMMITTED) already contains whatever the previous lock holder committed. The reservation
-//! insert and the job insert commit together with the caller's transaction, and the lock is held
-//! until then.
+//! Why it cannot overspend (the race ADR-21's formula alone leaves open): a check first takes
+//! the users' row locks (`SELECT … FOR NO KEY UPDATE`, in id order), so two reservations of the
+//! same user run one after the other; the sums are then read by a *new* statement, whose
+//! snapshot (READ COMMITTED) already contains whatever the previous lock holder committed. Within
+//! one check of many requests, each grant counts for the later ones ([`Ledger`]). The
+//! reservation and job inserts commit together with the caller's transaction, and the locks are
+//! held until then.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,7 +25,7 @@ use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::config::{InvalidQuotaConfig, QuotaConfig};
-use crate::decision::{Decision, Standing};
+use crate::decision::{Decision, Ledger, Standing};
 use crate::error::{QuotaError, QuotaExceeded};
 use crate::period::BillingPeriod;
 
@@ -204,43 +206,129 @@ impl Quota {
         event_type: Service,
         now: DateTime<Utc>,
     ) -> Result<Grant, QuotaError> {
-        let tier = lock_user(conn, user_id).await?;
-        let period = self.period(now);
-        let limit = self.config.limit(event_type, tier);
-        let requested = self.config.cost(event_type);
-        let before = standing(conn, user_id, event_type, period, limit).await?;
-        match before.decide(requested) {
-            Decision::Allow { .. } => Ok(Grant {
-                user_id,
-                tier,
-                event_type,
-                amount: requested,
-                period,
-                before,
-                ttl: self.config.quota_reservation_ttl,
-            }),
-            Decision::Deny { .. } => {
-                self.rejections.add(
-                    1,
-                    &[
-                        KeyValue::new("event_type", event_type.as_str()),
-                        KeyValue::new("tier", tier.as_str()),
-                    ],
-                );
-                tracing::info!(%user_id, event_type = event_type.as_str(), tier = tier.as_str(),
-                    used = before.used, reserved = before.reserved, limit, "quota exceeded");
-                Err(QuotaError::Exceeded(Box::new(QuotaExceeded {
-                    user_id,
-                    tier,
-                    event_type,
-                    used: before.used,
-                    reserved: before.reserved,
-                    requested,
-                    limit,
-                    period,
-                })))
-            }
+        self.check_many(conn, &[(user_id, event_type)], now)
+            .await?
+            .pop()
+            .unwrap_or(Err(QuotaError::UnknownUser(user_id)))
+    }
+
+    /// [`Quota::check`] for many requests at once, in three statements whatever their number:
+    /// the users' rows are locked (in id order, so concurrent batches cannot deadlock), their
+    /// standings are read by a new statement, and the requests are decided in the given order,
+    /// each allowed one counting as reserved for the later ones of the same user and event type
+    /// ([`Ledger`]). The outer error is a database failure; the inner ones are per request
+    /// (quota exceeded, unknown user). Every grant is valid only if the caller reserves it in
+    /// this transaction — all of them or, if some are dropped, the later grants over-count.
+    pub async fn check_many(
+        &self,
+        conn: &mut PgConnection,
+        requests: &[(Uuid, Service)],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<Result<Grant, QuotaError>>, QuotaError> {
+        if requests.is_empty() {
+            return Ok(Vec::new());
         }
+        let period = self.period(now);
+        let tiers = lock_users(conn, requests.iter().map(|(user, _)| *user)).await?;
+        let mut pairs: Vec<(Uuid, Service)> = requests
+            .iter()
+            .filter(|(user, _)| tiers.contains_key(user))
+            .copied()
+            .collect();
+        pairs.sort_unstable_by_key(|(user, event)| (*user, event.as_str()));
+        pairs.dedup();
+        let standings = standings(conn, &pairs, period, |user, event| {
+            self.config
+                .limit(event, tiers.get(&user).copied().unwrap_or(Tier::Free))
+        })
+        .await?;
+        let mut ledger = Ledger::new(standings);
+        let outcomes = requests
+            .iter()
+            .map(|&(user_id, event_type)| {
+                let tier = *tiers
+                    .get(&user_id)
+                    .ok_or(QuotaError::UnknownUser(user_id))?;
+                let requested = self.config.cost(event_type);
+                let (before, decision) = ledger
+                    .take(&(user_id, event_type), requested)
+                    .ok_or(QuotaError::UnknownUser(user_id))?;
+                match decision {
+                    Decision::Allow { .. } => Ok(Grant {
+                        user_id,
+                        tier,
+                        event_type,
+                        amount: requested,
+                        period,
+                        before,
+                        ttl: self.config.quota_reservation_ttl,
+                    }),
+                    Decision::Deny { .. } => Err(self.refused(QuotaExceeded {
+                        user_id,
+                        tier,
+                        event_type,
+                        used: before.used,
+                        reserved: before.reserved,
+                        requested,
+                        limit: before.limit,
+                        period,
+                    })),
+                }
+            })
+            .collect();
+        Ok(outcomes)
+    }
+
+    /// Counts and logs a refusal.
+    fn refused(&self, x: QuotaExceeded) -> QuotaError {
+        self.rejections.add(
+            1,
+            &[
+                KeyValue::new("event_type", x.event_type.as_str()),
+                KeyValue::new("tier", x.tier.as_str()),
+            ],
+        );
+        tracing::info!(user_id = %x.user_id, event_type = x.event_type.as_str(),
+            tier = x.tier.as_str(), used = x.used, reserved = x.reserved, limit = x.limit,
+            "quota exceeded");
+        QuotaError::Exceeded(Box::new(x))
+    }
+
+    /// Inserts the reservations of many grants (from one [`Quota::check_many`]), each linked to
+    /// the job inserted for it in the same transaction, in one statement.
+    pub async fn reserve_many(
+        &self,
+        conn: &mut PgConnection,
+        grants: &[(Grant, JobId)],
+    ) -> Result<(), QuotaError> {
+        if grants.is_empty() {
+            return Ok(());
+        }
+        let users: Vec<Uuid> = grants.iter().map(|(g, _)| g.user_id).collect();
+        let events: Vec<&str> = grants.iter().map(|(g, _)| g.event_type.as_str()).collect();
+        let amounts: Vec<i32> = grants
+            .iter()
+            .map(|(g, _)| i32::try_from(g.amount).unwrap_or(i32::MAX))
+            .collect();
+        let jobs: Vec<JobId> = grants.iter().map(|(_, job)| *job).collect();
+        let ttls: Vec<f64> = grants.iter().map(|(g, _)| g.ttl.as_secs_f64()).collect();
+        let inserted = sqlx::query(
+            "INSERT INTO quota_reservations (user_id, event_type, reserved_amount, job_id, expires_at) \
+             SELECT t.user_id, t.event_type::fairlane_usage_event_type, t.amount, t.job_id, \
+                    now() + make_interval(secs => t.ttl) \
+             FROM unnest($1::uuid[], $2::text[], $3::int4[], $4::int8[], $5::float8[]) \
+                  AS t(user_id, event_type, amount, job_id, ttl)",
+        )
+        .bind(&users)
+        .bind(&events)
+        .bind(&amounts)
+        .bind(&jobs)
+        .bind(&ttls)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
+        tracing::debug!(reservations = inserted, "quota reserved");
+        Ok(())
     }
 
     /// [`Quota::check`] and [`Grant::reserve`] without a job: the reservation is inserted now and
@@ -273,19 +361,33 @@ impl Quota {
         };
         let tier = Tier::resolve(Some(&tier));
         let period = self.period(now);
-        let mut events = Vec::with_capacity(Service::ALL.len());
-        for event_type in Service::ALL {
-            let limit = self.config.limit(event_type, tier);
-            let s = standing(conn, user_id, event_type, period, limit).await?;
-            events.push(EventUsage {
-                event_type,
-                used: s.used,
-                reserved: s.reserved,
-                limit,
-                period_start: period.start,
-                period_end: period.end,
-            });
-        }
+        let pairs: Vec<(Uuid, Service)> = Service::ALL.iter().map(|s| (user_id, *s)).collect();
+        let standings = standings(conn, &pairs, period, |_, event| {
+            self.config.limit(event, tier)
+        })
+        .await?;
+        let events = Service::ALL
+            .iter()
+            .map(|&event_type| {
+                let s = standings
+                    .iter()
+                    .find(|((_, e), _)| *e == event_type)
+                    .map(|(_, s)| *s)
+                    .unwrap_or(Standing {
+                        used: 0,
+                        reserved: 0,
+                        limit: self.config.limit(event_type, tier),
+                    });
+                EventUsage {
+                    event_type,
+                    used: s.used,
+                    reserved: s.reserved,
+                    limit: s.limit,
+                    period_start: period.start,
+                    period_end: period.end,
+                }
+            })
+            .collect();
         Ok(UserUsage {
             user_id,
             tier,
@@ -315,18 +417,26 @@ impl Reservation {
     }
 }
 
-/// Locks the user's row against other reservations (not against foreign-key checks: `NO KEY`)
-/// and returns the tier, resolved leniently.
-async fn lock_user(conn: &mut PgConnection, user_id: Uuid) -> Result<Tier, QuotaError> {
-    let row: Option<(String,)> =
-        sqlx::query_as("SELECT tier::text FROM users WHERE id = $1 FOR NO KEY UPDATE")
-            .bind(user_id)
-            .fetch_optional(&mut *conn)
-            .await?;
-    match row {
-        Some((tier,)) => Ok(Tier::resolve(Some(&tier))),
-        None => Err(QuotaError::UnknownUser(user_id)),
-    }
+/// Locks the users' rows against other reservations (not against foreign-key checks: `NO KEY`),
+/// in id order so that two batches never wait for each other in a cycle, and returns their
+/// tiers, resolved leniently. Unknown users are missing from the map.
+async fn lock_users(
+    conn: &mut PgConnection,
+    users: impl Iterator<Item = Uuid>,
+) -> Result<HashMap<Uuid, Tier>, QuotaError> {
+    let mut ids: Vec<Uuid> = users.collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let rows: Vec<(Uuid, String)> = sqlx::query_as(
+        "SELECT id, tier::text FROM users WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE",
+    )
+    .bind(&ids)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, tier)| (id, Tier::resolve(Some(&tier))))
+        .collect())
 }
 
 /// The reservations a quota check counts: every linked one, and unlinked ones within their TTL.
@@ -336,36 +446,54 @@ async fn lock_user(conn: &mut PgConnection, user_id: Uuid) -> Result<Tier, Quota
 /// and spares the check a look-up of every pending job of the user.
 const COUNTED_RESERVATION: &str = "(r.job_id IS NOT NULL OR r.expires_at > now())";
 
-/// Used and reserved units, read in one statement (one snapshot: a completion that moves units
-/// from reserved to used is seen entirely or not at all).
-async fn standing(
+/// Used and reserved units of each (user, event type) pair, read in one statement (one
+/// snapshot: a completion that moves units from reserved to used is seen entirely or not at
+/// all); `limit` gives each pair's limit.
+async fn standings(
     conn: &mut PgConnection,
-    user_id: Uuid,
-    event_type: Service,
+    pairs: &[(Uuid, Service)],
     period: BillingPeriod,
-    limit: i64,
-) -> Result<Standing, QuotaError> {
+    limit: impl Fn(Uuid, Service) -> i64,
+) -> Result<Vec<((Uuid, Service), Standing)>, QuotaError> {
+    if pairs.is_empty() {
+        return Ok(Vec::new());
+    }
     let sql = format!(
-        "SELECT \
-           (SELECT COALESCE(SUM(amount), 0)::int8 FROM usage_events \
-             WHERE user_id = $1 AND event_type = $2::fairlane_usage_event_type \
-               AND occurred_at >= $3 AND occurred_at < $4), \
+        "SELECT i.ord, \
+           (SELECT COALESCE(SUM(e.amount), 0)::int8 FROM usage_events e \
+             WHERE e.user_id = i.user_id AND e.event_type = i.event_type \
+               AND e.occurred_at >= $3 AND e.occurred_at < $4), \
            (SELECT COALESCE(SUM(r.reserved_amount), 0)::int8 FROM quota_reservations r \
-             WHERE r.user_id = $1 AND r.event_type = $2::fairlane_usage_event_type \
-               AND {COUNTED_RESERVATION})"
+             WHERE r.user_id = i.user_id AND r.event_type = i.event_type \
+               AND {COUNTED_RESERVATION}) \
+         FROM unnest($1::uuid[], $2::text[]::fairlane_usage_event_type[]) \
+              WITH ORDINALITY AS i(user_id, event_type, ord)"
     );
-    let (used, reserved): (i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-        .bind(user_id)
-        .bind(event_type.as_str())
+    let users: Vec<Uuid> = pairs.iter().map(|(u, _)| *u).collect();
+    let events: Vec<&str> = pairs.iter().map(|(_, e)| e.as_str()).collect();
+    let rows: Vec<(i64, i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(&users)
+        .bind(&events)
         .bind(period.start)
         .bind(period.end)
-        .fetch_one(&mut *conn)
+        .fetch_all(&mut *conn)
         .await?;
-    Ok(Standing {
-        used,
-        reserved,
-        limit,
-    })
+    rows.into_iter()
+        .map(|(ord, used, reserved)| {
+            let &(user, event) = usize::try_from(ord - 1)
+                .ok()
+                .and_then(|i| pairs.get(i))
+                .ok_or_else(|| QuotaError::Database(sqlx::Error::RowNotFound))?;
+            Ok((
+                (user, event),
+                Standing {
+                    used,
+                    reserved,
+                    limit: limit(user, event),
+                },
+            ))
+        })
+        .collect()
 }
 
 /// Removes the reservation of `job_id` without billing (an explicit cancel outside the queue's

@@ -7,7 +7,8 @@
 //! - `GET /v1/jobs/{id}` (authenticated, trivial): the same load without rate limiting and with
 //!   the Redis rate limiter (one rule per request), alternated twice.
 //!
-//! `BENCH_SECONDS` (default 10) sets each phase's length; Redis from `REDIS_URL`.
+//! `BENCH_SECONDS` (default 10) sets each phase's length; `BENCH_BATCH_CONCURRENCY` overrides
+//! `ENQUEUE_BATCH_CONCURRENCY` (to compare settings); Redis from `REDIS_URL`.
 
 #![allow(
     clippy::print_stdout,
@@ -138,6 +139,12 @@ fn base_config(db: &TestDb) -> WebConfig {
         ..WebConfig::default()
     };
     c.quota.quota_analysis_enterprise_limit = u32::MAX;
+    if let Some(n) = std::env::var("BENCH_BATCH_CONCURRENCY")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        c.enqueue_batch_concurrency = n;
+    }
     c.telemetry.rust_log = "error".into();
     c
 }

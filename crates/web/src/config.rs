@@ -41,6 +41,10 @@ pub struct WebConfig {
     /// Cap on resolving a branch or tag to a commit (`git ls-remote`), DNS included.
     #[serde(with = "humantime_serde")]
     pub resolve_timeout: Duration,
+    /// Most `POST` requests enqueued together in one transaction (docs/web.md, ADR 0007).
+    pub enqueue_batch_max: usize,
+    /// Enqueue transactions running at once (each holds one pooled connection while it runs).
+    pub enqueue_batch_concurrency: usize,
     /// `QUOTA_*` settings.
     #[serde(flatten)]
     pub quota: quota::QuotaConfig,
@@ -69,6 +73,8 @@ impl Default for WebConfig {
             http_request_timeout: Duration::from_secs(30),
             http_body_limit: 16 * 1024,
             resolve_timeout: Duration::from_secs(10),
+            enqueue_batch_max: 64,
+            enqueue_batch_concurrency: 2,
             quota: quota::QuotaConfig::default(),
             telemetry: web_telemetry(),
         }

@@ -7,9 +7,11 @@
 
 pub mod admin;
 pub mod auth;
+pub mod batch;
 pub mod cli;
 pub mod config;
 pub mod docs;
+pub mod enqueue;
 pub mod extract;
 pub mod keys;
 pub mod middleware;
@@ -77,44 +79,6 @@ pub fn quota_problem(e: quota::QuotaError) -> Problem {
     }
 }
 
-/// Adds the current W3C trace context to a job's metadata (key `trace`), so the worker continues
-/// the request's trace.
-pub fn with_trace(job: queue::NewJob) -> queue::NewJob {
-    match telemetry::current_trace_context().and_then(|c| serde_json::to_value(c).ok()) {
-        Some(trace) => job.metadata(telemetry::JOB_METADATA_TRACE_KEY, trace),
-        None => job,
-    }
-}
-
-/// Opens the transaction that enqueues a user's request: checks and reserves one request's worth
-/// of `service` quota (serialized per user, so the limit can never be exceeded), inserts the job
-/// built from `args` into the lane of the user's tier with the request's trace context, and links
-/// the reservation to it. The caller adds its own rows and commits; the workers are woken after
-/// the commit (a [`queue::QueueTx`] sends no NOTIFY inside the transaction).
-pub async fn enqueue_reserved<A: common::JobArgs>(
-    state: &AppState,
-    user_id: uuid::Uuid,
-    service: common::Service,
-    args: &A,
-) -> Result<(queue::QueueTx, queue::Inserted), Problem> {
-    let mut tx = state.queue.begin().await?;
-    let grant = state
-        .quota
-        .check(&mut tx, user_id, service, chrono::Utc::now())
-        .await
-        .map_err(quota_problem)?;
-    let job = with_trace(queue::NewJob::new(
-        common::select_queue(service, grant.tier, false),
-        args,
-    )?);
-    let inserted = tx.insert(job).await?;
-    grant
-        .reserve(&mut tx, Some(inserted.job.id))
-        .await
-        .map_err(quota_problem)?;
-    Ok((tx, inserted))
-}
-
 /// A database pool for `config` (connected lazily: the service starts while PostgreSQL is down,
 /// and `/readyz` says so).
 pub fn pool(config: &WebConfig) -> anyhow::Result<PgPool> {
@@ -128,7 +92,8 @@ pub fn pool(config: &WebConfig) -> anyhow::Result<PgPool> {
         .connect_lazy_with(options))
 }
 
-/// Builds the shared state (rate limiter, quota, queue client with the quota hook).
+/// Builds the shared state (rate limiter, quota, queue client with the quota hook, the
+/// batching enqueuer). Must be called inside a Tokio runtime (the enqueuer starts its tasks).
 pub fn build_state(config: &WebConfig, pool: PgPool) -> anyhow::Result<AppState> {
     let quota = quota::Quota::new(config.quota.clone()).context("quota configuration")?;
     let limiter = if config.ratelimit_enabled {
@@ -148,6 +113,14 @@ pub fn build_state(config: &WebConfig, pool: PgPool) -> anyhow::Result<AppState>
     };
     let queue =
         queue::Client::new(pool.clone()).with_hooks(vec![Arc::new(quota::QuotaHook::new())]);
+    let enqueuer = batch::Batcher::start(
+        enqueue::EnqueueRunner {
+            queue: queue.clone(),
+            quota: quota.clone(),
+        },
+        config.enqueue_batch_max,
+        config.enqueue_batch_concurrency,
+    );
     let mut url_policy = inventory::UrlPolicy::with_file_urls(config.analyzer_allow_file_urls);
     url_policy.allow_private_hosts = config.analyzer_allow_private_hosts;
     url_policy.dns_timeout = config.resolve_timeout;
@@ -166,6 +139,7 @@ pub fn build_state(config: &WebConfig, pool: PgPool) -> anyhow::Result<AppState>
         pool,
         queue,
         quota,
+        enqueuer,
         limiter,
         url_policy,
         resolve_limits,

@@ -1,5 +1,5 @@
 //! What every request handler shares: the database pool, the queue client (with the quota
-//! hook), the quota service, the rate limiter, the URL policy and pre-rendered documents.
+//! hook), the quota service, the batching enqueuer, the rate limiter, the URL policy and pre-rendered documents.
 
 use std::ops::Deref;
 use std::sync::Arc;
@@ -19,6 +19,8 @@ pub struct Inner {
     /// its reservation in the same transaction.
     pub queue: queue::Client,
     pub quota: quota::Quota,
+    /// Every `POST` that creates work enqueues through it, batched with concurrent ones.
+    pub enqueuer: crate::enqueue::Enqueuer,
     /// `None` when rate limiting is disabled.
     pub limiter: Option<ratelimit::Limiter>,
     pub url_policy: inventory::UrlPolicy,

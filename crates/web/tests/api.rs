@@ -509,6 +509,53 @@ async fn a_failing_job_insert_leaves_no_reservation() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_request_in_a_batch_fails_alone() {
+    let db = TestDb::new().await;
+    let s = start(&db).await;
+    let (_, key) = user_with_key(&db.pool, "pro").await;
+    sqlx::query(
+        "CREATE FUNCTION refuse_job() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF NEW.args->>'repository' LIKE '%explode%' THEN \
+           RAISE EXCEPTION 'job insert refused by test trigger'; END IF; RETURN NEW; END $$",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "CREATE TRIGGER refuse_job BEFORE INSERT ON fairlane_job \
+         FOR EACH ROW EXECUTE FUNCTION refuse_job()",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    // 40 concurrent requests share batches with the 4 that fail; each fails alone.
+    let requests = (0..40u64).map(|n| {
+        let (http, key) = (s.http.clone(), key.clone());
+        async move {
+            let body = if n % 10 == 0 {
+                json!({"repository": "https://github.com/a/explode", "ref": sha(n)})
+            } else {
+                analysis_body(n)
+            };
+            (n, http.post_json("/v1/analyses", &key, &body).await.status)
+        }
+    });
+    for (n, status) in futures_util::future::join_all(requests).await {
+        assert_eq!(status, if n % 10 == 0 { 500 } else { 202 }, "request {n}");
+    }
+    assert_eq!(written_rows(&db.pool).await, [36, 36, 0, 36, 0]);
+    let orphans: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM quota_reservations r \
+         WHERE NOT EXISTS (SELECT 1 FROM analyses a WHERE a.job_id = r.job_id)",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(orphans, 0);
+    s.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reserved_units_become_used_exactly_once_when_jobs_complete() {
     let db = TestDb::new().await;
     let s = start(&db).await;

@@ -1,10 +1,10 @@
 //! `POST /v1/analyses` (cache-first, then quota reservation + analysis row + job in one
-//! transaction) and `GET /v1/analyses/{id}`.
+//! transaction, batched with concurrent requests by [`crate::enqueue`]) and
+//! `GET /v1/analyses/{id}`.
 
 use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use common::{AnalysisArgs, Service};
 use http::StatusCode;
 use inventory::{FetchError, RepoUrl, UrlError};
 use serde::{Deserialize, Serialize};
@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 use super::{ANALYSIS_COLUMNS, AnalysisView, JobSummary, is_object_id};
 use crate::auth::AuthUser;
+use crate::enqueue::{EnqueueRequest, Enqueued, NewRecord};
 use crate::extract::{ApiJson, IdPath};
 use crate::problem::Problem;
 use crate::state::AppState;
@@ -94,43 +95,6 @@ async fn resolve_commit(
     Ok(resolved.commit)
 }
 
-/// The caller's own completed analysis of `repository` at `commit`, or a copy of anyone's (the
-/// inventory of a public commit is the same for everybody), made for the caller in the same
-/// statement. `None`: nothing cached.
-async fn cached(
-    state: &AppState,
-    user_id: Uuid,
-    repository: &str,
-    commit: &str,
-    git_ref: Option<&str>,
-) -> Result<Option<AnalysisView>, Problem> {
-    let sql = format!(
-        "WITH own AS ( \
-           SELECT {ANALYSIS_COLUMNS} FROM analyses \
-           WHERE user_id = $1 AND repository = $2 AND commit = $3 AND state = 'completed' \
-           ORDER BY completed_at DESC LIMIT 1 \
-         ), source AS ( \
-           SELECT id, result FROM analyses \
-           WHERE repository = $2 AND commit = $3 AND state = 'completed' AND cached_from IS NULL \
-             AND NOT EXISTS (SELECT 1 FROM own) \
-         ), copied AS ( \
-           INSERT INTO analyses (user_id, repository, requested_ref, commit, state, cached_from, \
-                                 result, completed_at) \
-           SELECT $1, $2, $4, $3, 'completed', s.id, s.result, now() FROM source s \
-           RETURNING {ANALYSIS_COLUMNS} \
-         ) \
-         SELECT * FROM own UNION ALL SELECT * FROM copied"
-    );
-    let row: Option<AnalysisView> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-        .bind(user_id)
-        .bind(repository)
-        .bind(commit)
-        .bind(git_ref)
-        .fetch_optional(&state.pool)
-        .await?;
-    Ok(row)
-}
-
 /// Enqueue an analysis of a repository at a ref.
 ///
 /// Cache-first: if this repository was already analysed at the same commit, the stored result is
@@ -166,40 +130,29 @@ pub async fn create(
         other => other,
     };
     let commit = resolve_commit(&state, &repo, git_ref).await?;
-    let repository = repo.as_str().to_owned();
-    if let Some(view) = cached(&state, user.user_id, &repository, &commit, git_ref).await? {
-        return Ok((StatusCode::OK, Json(view)).into_response());
-    }
-
     let analysis_id = Uuid::new_v4();
-    let args = AnalysisArgs {
-        user_id: Some(user.user_id),
+    let record = NewRecord::Analysis {
         analysis_id,
-        repository: repository.clone(),
-        git_ref: Some(commit.clone()),
+        repository: repo.as_str().to_owned(),
+        requested_ref: git_ref.map(str::to_owned),
+        commit: commit.clone(),
     };
-    let (mut tx, inserted) =
-        crate::enqueue_reserved(&state, user.user_id, Service::Analysis, &args).await?;
-    sqlx::query(
-        "INSERT INTO analyses (id, user_id, repository, requested_ref, commit, job_id) \
-         VALUES ($1, $2, $3, $4, $5, $6)",
-    )
-    .bind(analysis_id)
-    .bind(user.user_id)
-    .bind(&repository)
-    .bind(git_ref)
-    .bind(&commit)
-    .bind(inserted.job.id)
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
-
-    let accepted = AnalysisAccepted {
-        analysis_id,
-        commit,
-        job: JobSummary::from(&inserted.job),
-    };
-    Ok(super::accepted_job(accepted, inserted.job.id))
+    match state
+        .enqueuer
+        .submit(EnqueueRequest::new(user.user_id, record))
+        .await
+        .map_err(|e| Problem::internal(&e))??
+    {
+        Enqueued::Cached(view) => Ok((StatusCode::OK, Json(view)).into_response()),
+        Enqueued::Accepted(job) => Ok(super::accepted_job(
+            AnalysisAccepted {
+                analysis_id,
+                commit,
+                job: JobSummary::from(&job),
+            },
+            job.id,
+        )),
+    }
 }
 
 /// An analysis of the caller's.

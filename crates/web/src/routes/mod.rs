@@ -215,7 +215,6 @@ pub const SPECVIEW_COLUMNS: &str = "id, analysis_id, state::text AS state, job_i
      CASE WHEN state = 'completed' THEN markdown END AS markdown, error, \
      created_at, updated_at, completed_at";
 
-/// Whether `s` is a full commit id (SHA-1 or SHA-256 hex), which needs no network to resolve.
 /// `202 Accepted` with `body` and a `Location` header naming the enqueued job's URL.
 pub fn accepted_job(body: impl Serialize, job_id: i64) -> Response {
     let mut response = (StatusCode::ACCEPTED, Json(body)).into_response();
@@ -227,6 +226,7 @@ pub fn accepted_job(body: impl Serialize, job_id: i64) -> Response {
     response
 }
 
+/// Whether `s` is a full commit id (SHA-1 or SHA-256 hex), which needs no network to resolve.
 pub fn is_object_id(s: &str) -> bool {
     (s.len() == 40 || s.len() == 64) && s.bytes().all(|c| c.is_ascii_hexdigit())
 }

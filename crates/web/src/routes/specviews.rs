@@ -4,7 +4,6 @@
 use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use common::{Service, SpecviewArgs};
 use http::{HeaderMap, HeaderValue};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -12,6 +11,7 @@ use uuid::Uuid;
 
 use super::{JobSummary, SPECVIEW_COLUMNS, SpecviewView};
 use crate::auth::AuthUser;
+use crate::enqueue::{EnqueueRequest, Enqueued, NewRecord};
 use crate::extract::{ApiJson, IdPath};
 use crate::problem::Problem;
 use crate::state::AppState;
@@ -72,27 +72,26 @@ pub async fn create(
         Some(_) => {}
     }
     let specview_id = Uuid::new_v4();
-    let args = SpecviewArgs {
-        user_id: Some(user.user_id),
+    let record = NewRecord::Specview {
         specview_id,
         analysis_id: body.analysis_id,
     };
-    let (mut tx, inserted) =
-        crate::enqueue_reserved(&state, user.user_id, Service::Specview, &args).await?;
-    sqlx::query("INSERT INTO specviews (id, user_id, analysis_id, job_id) VALUES ($1, $2, $3, $4)")
-        .bind(specview_id)
-        .bind(user.user_id)
-        .bind(body.analysis_id)
-        .bind(inserted.job.id)
-        .execute(&mut *tx)
-        .await?;
-    tx.commit().await?;
-    let accepted = SpecviewAccepted {
-        specview_id,
-        analysis_id: body.analysis_id,
-        job: JobSummary::from(&inserted.job),
-    };
-    Ok(super::accepted_job(accepted, inserted.job.id))
+    match state
+        .enqueuer
+        .submit(EnqueueRequest::new(user.user_id, record))
+        .await
+        .map_err(|e| Problem::internal(&e))??
+    {
+        Enqueued::Accepted(job) => Ok(super::accepted_job(
+            SpecviewAccepted {
+                specview_id,
+                analysis_id: body.analysis_id,
+                job: JobSummary::from(&job),
+            },
+            job.id,
+        )),
+        Enqueued::Cached(_) => Err(Problem::internal(&"a specview was answered from the cache")),
+    }
 }
 
 fn wants_markdown(headers: &HeaderMap) -> bool {

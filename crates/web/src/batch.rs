@@ -1,0 +1,219 @@
+//! Request coalescing: concurrent requests that each need the same kind of database work are
+//! served together, one batch per round of statements, instead of one round each.
+//!
+//! A [`Batcher`] runs `concurrency` collectors. A free collector waits for the first item, then
+//! takes whatever else is already queued (up to `max_batch`) and runs the batch; items that
+//! arrive meanwhile form the next batch. Nothing waits for a batch to fill: an idle server runs
+//! a batch of one at once, and a busy one gathers as many items as arrive while the previous
+//! batches run — the same idea as PostgreSQL's group commit.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::sync::{Mutex, mpsc, oneshot};
+
+/// The work a [`Batcher`] does for a batch.
+pub trait BatchRun: Send + Sync + 'static {
+    type Item: Send + 'static;
+    type Output: Send + 'static;
+
+    /// Serves `batch`, answering each request with [`Pending::answer`]. A request dropped
+    /// unanswered fails with [`BatchFailed`]. [`Pending::is_abandoned`] tells whether its
+    /// caller still waits, so the runner can leave out work nobody wants any more.
+    fn run(&self, batch: Vec<Pending<Self>>) -> impl Future<Output = ()> + Send;
+}
+
+/// A request in a batch: the item and the way to answer it.
+pub struct Pending<R: BatchRun + ?Sized> {
+    pub item: R::Item,
+    reply: oneshot::Sender<R::Output>,
+}
+
+impl<R: BatchRun + ?Sized> Pending<R> {
+    /// The caller stopped waiting (its request was dropped, e.g. by a timeout).
+    pub fn is_abandoned(&self) -> bool {
+        self.reply.is_closed()
+    }
+
+    /// Answers the caller (a no-op if it stopped waiting).
+    pub fn answer(self, output: R::Output) {
+        let _ = self.reply.send(output);
+    }
+}
+
+/// The batcher stopped (its runtime is shutting down) or the batch panicked; the item's fate is
+/// unknown only in the latter case, which is logged.
+#[derive(Debug, thiserror::Error)]
+#[error("the request batch did not complete")]
+pub struct BatchFailed;
+
+/// Submits items to the collectors. Cheap to clone; the collectors stop once every clone is
+/// dropped and the queue is drained.
+pub struct Batcher<R: BatchRun> {
+    sender: mpsc::Sender<Pending<R>>,
+}
+
+impl<R: BatchRun> Clone for Batcher<R> {
+    fn clone(&self) -> Self {
+        Batcher {
+            sender: self.sender.clone(),
+        }
+    }
+}
+
+impl<R: BatchRun> Batcher<R> {
+    /// Starts `concurrency` collectors (at least one) on the current Tokio runtime, each running
+    /// batches of at most `max_batch` items (at least one).
+    pub fn start(runner: R, max_batch: usize, concurrency: usize) -> Self {
+        let max_batch = max_batch.max(1);
+        let concurrency = concurrency.max(1);
+        let (sender, receiver) = mpsc::channel(max_batch * concurrency * 2);
+        let receiver = Arc::new(Mutex::new(receiver));
+        let runner = Arc::new(runner);
+        for _ in 0..concurrency {
+            tokio::spawn(collect(
+                Arc::clone(&runner),
+                Arc::clone(&receiver),
+                max_batch,
+            ));
+        }
+        Batcher { sender }
+    }
+
+    /// Queues `item` and waits for its output. If the caller stops waiting (a dropped request),
+    /// an item not yet taken into a batch is skipped; one already running completes.
+    pub async fn submit(&self, item: R::Item) -> Result<R::Output, BatchFailed> {
+        let (reply, output) = oneshot::channel();
+        self.sender
+            .send(Pending { item, reply })
+            .await
+            .map_err(|_| BatchFailed)?;
+        output.await.map_err(|_| BatchFailed)
+    }
+}
+
+async fn collect<R: BatchRun>(
+    runner: Arc<R>,
+    receiver: Arc<Mutex<mpsc::Receiver<Pending<R>>>>,
+    max_batch: usize,
+) {
+    loop {
+        let batch = {
+            let mut receiver = receiver.lock().await;
+            let Some(first) = receiver.recv().await else {
+                return;
+            };
+            let mut batch = vec![first];
+            while batch.len() < max_batch {
+                match receiver.try_recv() {
+                    Ok(entry) => batch.push(entry),
+                    Err(_) => break,
+                }
+            }
+            batch
+        };
+        let batch: Vec<Pending<R>> = batch
+            .into_iter()
+            .filter(|pending| !pending.is_abandoned())
+            .collect();
+        if batch.is_empty() {
+            continue;
+        }
+        let count = batch.len();
+        // A panicking batch must not take the collector with it: run it as its own task (its
+        // requests are dropped unanswered, so their callers fail).
+        let runner = Arc::clone(&runner);
+        if let Err(e) = tokio::spawn(async move { runner.run(batch).await }).await {
+            tracing::error!(requests = count, error = %e, "a request batch failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    /// Doubles numbers, records batch sizes, panics on 13, answers nothing for 99.
+    #[derive(Default)]
+    struct Doubler {
+        sizes: std::sync::Mutex<Vec<usize>>,
+        running: AtomicUsize,
+        most_running: AtomicUsize,
+    }
+
+    impl BatchRun for Arc<Doubler> {
+        type Item = u64;
+        type Output = u64;
+        async fn run(&self, batch: Vec<Pending<Self>>) {
+            let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most_running.fetch_max(now, Ordering::SeqCst);
+            self.sizes.lock().unwrap().push(batch.len());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            self.running.fetch_sub(1, Ordering::SeqCst);
+            assert!(!batch.iter().any(|p| p.item == 13), "unlucky");
+            if batch.iter().any(|p| p.item == 99) {
+                return;
+            }
+            for p in batch {
+                let doubled = p.item * 2;
+                p.answer(doubled);
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn concurrent_items_share_batches_and_each_gets_its_own_output() {
+        let doubler = Arc::new(Doubler::default());
+        let batcher = Batcher::start(Arc::clone(&doubler), 8, 2);
+        let tasks: Vec<_> = (100..140u64)
+            .map(|i| {
+                let b = batcher.clone();
+                tokio::spawn(async move { (i, b.submit(i).await.unwrap()) })
+            })
+            .collect();
+        for t in tasks {
+            let (i, out) = t.await.unwrap();
+            assert_eq!(out, i * 2);
+        }
+        let sizes = doubler.sizes.lock().unwrap().clone();
+        assert_eq!(sizes.iter().sum::<usize>(), 40);
+        assert!(sizes.iter().all(|&s| s <= 8), "{sizes:?}");
+        assert!(sizes.len() < 40, "items were batched: {sizes:?}");
+        assert_eq!(doubler.most_running.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_lone_item_runs_at_once() {
+        let batcher = Batcher::start(Arc::new(Doubler::default()), 64, 1);
+        let started = std::time::Instant::now();
+        assert_eq!(batcher.submit(4).await.unwrap(), 8);
+        assert!(started.elapsed() < Duration::from_secs(1));
+    }
+
+    #[tokio::test]
+    async fn a_panicking_or_unanswered_batch_fails_its_items_and_the_batcher_goes_on() {
+        let batcher = Batcher::start(Arc::new(Doubler::default()), 1, 1);
+        assert!(batcher.submit(13).await.is_err());
+        assert!(batcher.submit(99).await.is_err());
+        assert_eq!(batcher.submit(5).await.unwrap(), 10);
+    }
+
+    #[tokio::test]
+    async fn requests_abandoned_before_their_batch_are_skipped() {
+        let doubler = Arc::new(Doubler::default());
+        let batcher = Batcher::start(Arc::clone(&doubler), 8, 1);
+        let busy = {
+            let b = batcher.clone();
+            tokio::spawn(async move { b.submit(1).await })
+        };
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        // Queued behind the running batch, then given up on.
+        let gave_up = tokio::time::timeout(Duration::from_millis(1), batcher.submit(2)).await;
+        assert!(gave_up.is_err());
+        assert_eq!(busy.await.unwrap().unwrap(), 2);
+        assert_eq!(batcher.submit(3).await.unwrap(), 6);
+        assert_eq!(*doubler.sizes.lock().unwrap(), vec![1, 1]);
+    }
+}

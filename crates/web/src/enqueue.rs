@@ -1,0 +1,451 @@
+//! Enqueueing users' work: the cache look-up, the quota check and reservation, the job and its
+//! record — for every request of a batch ([`crate::batch`]) in one transaction of six
+//! statements, however many requests it holds.
+//!
+//! Per request the outcome is what it would be alone: a cache hit (analyses), a refusal
+//! (`quota_exceeded`, decided in arrival order under the users' locks, so the limit holds
+//! exactly), or an accepted job whose reservation and record commit with it. If the batch's
+//! transaction fails before its commit, nothing of it exists and each request is retried alone,
+//! so one bad request fails only itself. A failed commit is not retried: whether it took effect
+//! is unknown, and a retry could enqueue twice. A request whose caller stopped waiting (it timed
+//! out and was told nothing changed) is left out: if that happens while its batch runs, the
+//! batch rolls back and runs again without it.
+
+use chrono::Utc;
+use common::{AnalysisArgs, Service, SpecviewArgs, Tier};
+use queue::{JobId, JobRow, NewJob};
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::batch::{BatchRun, Batcher, Pending};
+use crate::problem::Problem;
+use crate::routes::{ANALYSIS_COLUMNS, AnalysisView};
+
+/// The record a job fills, created in the job's transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NewRecord {
+    Analysis {
+        analysis_id: Uuid,
+        /// The normalised repository URL.
+        repository: String,
+        /// The ref as the user gave it (`None`: the default branch).
+        requested_ref: Option<String>,
+        /// The commit it resolved to.
+        commit: String,
+    },
+    Specview {
+        specview_id: Uuid,
+        /// A completed analysis of the same user.
+        analysis_id: Uuid,
+    },
+}
+
+/// One user's request to enqueue work.
+#[derive(Debug, Clone)]
+pub struct EnqueueRequest {
+    pub user_id: Uuid,
+    pub record: NewRecord,
+    /// The W3C trace context the job carries to its worker.
+    pub trace: Option<serde_json::Value>,
+}
+
+/// What became of a request.
+#[derive(Debug, Clone)]
+pub enum Enqueued {
+    /// The same repository and commit were already analysed: a completed record, no job, no
+    /// quota.
+    Cached(AnalysisView),
+    /// The job, enqueued with its reservation and record.
+    Accepted(JobRow),
+}
+
+impl EnqueueRequest {
+    /// A request carrying the current span's trace context.
+    pub fn new(user_id: Uuid, record: NewRecord) -> Self {
+        EnqueueRequest {
+            user_id,
+            record,
+            trace: telemetry::current_trace_context().and_then(|c| serde_json::to_value(c).ok()),
+        }
+    }
+
+    pub fn service(&self) -> Service {
+        match self.record {
+            NewRecord::Analysis { .. } => Service::Analysis,
+            NewRecord::Specview { .. } => Service::Specview,
+        }
+    }
+
+    /// The job, in the lane of `tier`.
+    fn job(&self, tier: Tier) -> Result<NewJob, queue::QueueError> {
+        let queue = common::select_queue(self.service(), tier, false);
+        let job = match &self.record {
+            NewRecord::Analysis {
+                analysis_id,
+                repository,
+                commit,
+                ..
+            } => NewJob::new(
+                queue,
+                &AnalysisArgs {
+                    user_id: Some(self.user_id),
+                    analysis_id: *analysis_id,
+                    repository: repository.clone(),
+                    git_ref: Some(commit.clone()),
+                },
+            )?,
+            NewRecord::Specview {
+                specview_id,
+                analysis_id,
+            } => NewJob::new(
+                queue,
+                &SpecviewArgs {
+                    user_id: Some(self.user_id),
+                    specview_id: *specview_id,
+                    analysis_id: *analysis_id,
+                },
+            )?,
+        };
+        Ok(match &self.trace {
+            Some(trace) => job.metadata(telemetry::JOB_METADATA_TRACE_KEY, trace.clone()),
+            None => job,
+        })
+    }
+}
+
+/// Serves batches of [`EnqueueRequest`]s.
+pub struct EnqueueRunner {
+    /// With the quota hook: cancelling a waiting job releases its reservation.
+    pub queue: queue::Client,
+    pub quota: quota::Quota,
+}
+
+/// The batching enqueuer every `POST` that creates work goes through.
+pub type Enqueuer = Batcher<EnqueueRunner>;
+
+type Outcome = Result<Enqueued, Problem>;
+
+/// Why a batch did not commit.
+enum BatchError {
+    /// A statement failed: nothing happened, so a retry is safe.
+    BeforeCommit(Problem),
+    /// The commit failed: whether it took effect is unknown.
+    AtCommit(Problem),
+    /// A caller stopped waiting before the commit: rolled back, to run again without it.
+    Abandoned,
+}
+
+impl From<Problem> for BatchError {
+    fn from(p: Problem) -> Self {
+        BatchError::BeforeCommit(p)
+    }
+}
+
+impl From<sqlx::Error> for BatchError {
+    fn from(e: sqlx::Error) -> Self {
+        BatchError::BeforeCommit(e.into())
+    }
+}
+
+impl From<queue::QueueError> for BatchError {
+    fn from(e: queue::QueueError) -> Self {
+        BatchError::BeforeCommit(e.into())
+    }
+}
+
+impl BatchRun for EnqueueRunner {
+    type Item = EnqueueRequest;
+    type Output = Outcome;
+
+    async fn run(&self, mut batch: Vec<Pending<Self>>) {
+        loop {
+            // A request that timed out was answered 503 "nothing was changed": keep it so.
+            batch.retain(|p| !p.is_abandoned());
+            if batch.is_empty() {
+                return;
+            }
+            let items: Vec<&EnqueueRequest> = batch.iter().map(|p| &p.item).collect();
+            let outcome = self
+                .enqueue_all(&items, || batch.iter().any(Pending::is_abandoned))
+                .await;
+            match outcome {
+                Ok(outcomes) => {
+                    for (pending, outcome) in batch.into_iter().zip(outcomes) {
+                        pending.answer(outcome);
+                    }
+                    return;
+                }
+                Err(BatchError::Abandoned) => continue,
+                Err(BatchError::AtCommit(problem)) => {
+                    for pending in batch {
+                        pending.answer(Err(problem.clone()));
+                    }
+                    return;
+                }
+                Err(BatchError::BeforeCommit(problem)) if batch.len() == 1 => {
+                    for pending in batch {
+                        pending.answer(Err(problem.clone()));
+                    }
+                    return;
+                }
+                Err(BatchError::BeforeCommit(_)) => {
+                    tracing::warn!(
+                        requests = batch.len(),
+                        "an enqueue batch failed before committing; retrying its requests one by one"
+                    );
+                    for pending in batch {
+                        self.run_alone(pending).await;
+                    }
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl EnqueueRunner {
+    /// One request in a transaction of its own.
+    async fn run_alone(&self, pending: Pending<Self>) {
+        loop {
+            if pending.is_abandoned() {
+                return;
+            }
+            let outcome = self
+                .enqueue_all(&[&pending.item], || pending.is_abandoned())
+                .await;
+            let outcome = match outcome {
+                Ok(mut outcomes) => outcomes
+                    .pop()
+                    .unwrap_or_else(|| Err(Problem::internal(&"an enqueue gave no outcome"))),
+                Err(BatchError::Abandoned) => continue,
+                Err(BatchError::BeforeCommit(p) | BatchError::AtCommit(p)) => Err(p),
+            };
+            pending.answer(outcome);
+            return;
+        }
+    }
+
+    /// The whole batch in one transaction: cache hits, then quota checks in arrival order, then
+    /// jobs, reservations and records of the granted requests; rolled back instead of committed
+    /// if `abandoned()` says a caller stopped waiting meanwhile.
+    async fn enqueue_all(
+        &self,
+        items: &[&EnqueueRequest],
+        abandoned: impl Fn() -> bool,
+    ) -> Result<Vec<Outcome>, BatchError> {
+        let now = Utc::now();
+        let mut tx = self.queue.begin().await?;
+        let mut outcomes: Vec<Option<Outcome>> = items.iter().map(|_| None).collect();
+        for (index, view) in cached(&mut tx, items).await? {
+            outcomes[index] = Some(Ok(Enqueued::Cached(view)));
+        }
+        let pending: Vec<usize> = (0..items.len())
+            .filter(|&i| outcomes[i].is_none())
+            .collect();
+        let requests: Vec<(Uuid, Service)> = pending
+            .iter()
+            .map(|&i| (items[i].user_id, items[i].service()))
+            .collect();
+        let checks = self
+            .quota
+            .check_many(&mut tx, &requests, now)
+            .await
+            .map_err(crate::quota_problem)?;
+        let mut granted = Vec::new();
+        let mut jobs = Vec::new();
+        for (&index, check) in pending.iter().zip(checks) {
+            match check {
+                Ok(grant) => {
+                    jobs.push(items[index].job(grant.tier)?);
+                    granted.push((index, grant));
+                }
+                Err(e) => outcomes[index] = Some(Err(crate::quota_problem(e))),
+            }
+        }
+        if !jobs.is_empty() {
+            let inserted = tx.insert_many(jobs).await?;
+            if inserted.len() != granted.len() {
+                return Err(BatchError::BeforeCommit(Problem::internal(
+                    &"the job insert returned the wrong number of jobs",
+                )));
+            }
+            let reservations: Vec<(quota::Grant, JobId)> = granted
+                .iter()
+                .zip(&inserted)
+                .map(|((_, grant), job)| (grant.clone(), job.job.id))
+                .collect();
+            self.quota
+                .reserve_many(&mut tx, &reservations)
+                .await
+                .map_err(crate::quota_problem)?;
+            let records: Vec<(&NewRecord, Uuid, JobId)> = granted
+                .iter()
+                .zip(&inserted)
+                .map(|((index, _), job)| (&items[*index].record, items[*index].user_id, job.job.id))
+                .collect();
+            insert_records(&mut tx, &records).await?;
+            for ((index, _), job) in granted.into_iter().zip(inserted) {
+                outcomes[index] = Some(Ok(Enqueued::Accepted(job.job)));
+            }
+        }
+        if abandoned() {
+            // A failed rollback leaves nothing either: the transaction never commits.
+            let _ = tx.rollback().await;
+            return Err(BatchError::Abandoned);
+        }
+        tx.commit()
+            .await
+            .map_err(|e| BatchError::AtCommit(e.into()))?;
+        Ok(outcomes
+            .into_iter()
+            .map(|o| o.unwrap_or_else(|| Err(Problem::internal(&"a request got no outcome"))))
+            .collect())
+    }
+}
+
+/// For each analysis request: the caller's own completed analysis of the repository at the
+/// commit, or else a copy of anyone's (the inventory of a public commit is the same for
+/// everybody) made for the caller in the same statement. Returns (request index, record).
+async fn cached(
+    conn: &mut PgConnection,
+    items: &[&EnqueueRequest],
+) -> Result<Vec<(usize, AnalysisView)>, sqlx::Error> {
+    let mut ords = Vec::new();
+    let mut users = Vec::new();
+    let mut repositories = Vec::new();
+    let mut commits = Vec::new();
+    let mut refs = Vec::new();
+    for (index, item) in items.iter().enumerate() {
+        if let NewRecord::Analysis {
+            repository,
+            requested_ref,
+            commit,
+            ..
+        } = &item.record
+        {
+            ords.push(i64::try_from(index).unwrap_or(i64::MAX));
+            users.push(item.user_id);
+            repositories.push(repository.as_str());
+            commits.push(commit.as_str());
+            refs.push(requested_ref.as_deref());
+        }
+    }
+    if ords.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sql = format!(
+        "WITH input AS ( \
+           SELECT * FROM unnest($1::int8[], $2::uuid[], $3::text[], $4::text[], $5::text[]) \
+                  AS t(ord, user_id, repository, commit, requested_ref) \
+         ), own AS ( \
+           SELECT DISTINCT ON (i.ord) i.ord, a.id AS own_id FROM input i \
+           JOIN analyses a ON a.user_id = i.user_id AND a.repository = i.repository \
+                          AND a.commit = i.commit AND a.state = 'completed' \
+           ORDER BY i.ord, a.completed_at DESC \
+         ), source AS ( \
+           SELECT DISTINCT ON (i.ord) i.ord, gen_random_uuid() AS copy_id, i.user_id, \
+                  i.repository, i.commit, i.requested_ref, a.id AS source_id, a.result \
+           FROM input i \
+           JOIN analyses a ON a.repository = i.repository AND a.commit = i.commit \
+                          AND a.state = 'completed' AND a.cached_from IS NULL \
+           WHERE NOT EXISTS (SELECT 1 FROM own o WHERE o.ord = i.ord) \
+           ORDER BY i.ord, a.completed_at DESC \
+         ), copied AS ( \
+           INSERT INTO analyses (id, user_id, repository, requested_ref, commit, state, \
+                                 cached_from, result, completed_at) \
+           SELECT copy_id, user_id, repository, requested_ref, commit, 'completed', source_id, \
+                  result, now() FROM source \
+           RETURNING {ANALYSIS_COLUMNS} \
+         ) \
+         SELECT own.ord, {ANALYSIS_COLUMNS} FROM own JOIN analyses ON analyses.id = own.own_id \
+         UNION ALL \
+         SELECT source.ord, copied.* FROM copied JOIN source ON source.copy_id = copied.id"
+    );
+    let rows: Vec<CachedRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(&ords)
+        .bind(&users)
+        .bind(&repositories)
+        .bind(&commits)
+        .bind(&refs)
+        .fetch_all(&mut *conn)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|r| usize::try_from(r.ord).ok().map(|i| (i, r.view)))
+        .collect())
+}
+
+#[derive(sqlx::FromRow)]
+struct CachedRow {
+    ord: i64,
+    #[sqlx(flatten)]
+    view: AnalysisView,
+}
+
+/// Inserts the analysis and specview records of accepted requests, each linked to its job, in
+/// one statement.
+async fn insert_records(
+    conn: &mut PgConnection,
+    records: &[(&NewRecord, Uuid, JobId)],
+) -> Result<(), sqlx::Error> {
+    let (mut a_ids, mut a_users, mut a_repositories, mut a_refs, mut a_commits, mut a_jobs) = (
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+    );
+    let (mut s_ids, mut s_users, mut s_analyses, mut s_jobs) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for &(record, user_id, job_id) in records {
+        match record {
+            NewRecord::Analysis {
+                analysis_id,
+                repository,
+                requested_ref,
+                commit,
+            } => {
+                a_ids.push(*analysis_id);
+                a_users.push(user_id);
+                a_repositories.push(repository.as_str());
+                a_refs.push(requested_ref.as_deref());
+                a_commits.push(commit.as_str());
+                a_jobs.push(job_id);
+            }
+            NewRecord::Specview {
+                specview_id,
+                analysis_id,
+            } => {
+                s_ids.push(*specview_id);
+                s_users.push(user_id);
+                s_analyses.push(*analysis_id);
+                s_jobs.push(job_id);
+            }
+        }
+    }
+    sqlx::query(
+        "WITH a AS ( \
+           INSERT INTO analyses (id, user_id, repository, requested_ref, commit, job_id) \
+           SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], \
+                                $6::int8[]) \
+         ), s AS ( \
+           INSERT INTO specviews (id, user_id, analysis_id, job_id) \
+           SELECT * FROM unnest($7::uuid[], $8::uuid[], $9::uuid[], $10::int8[]) \
+         ) \
+         SELECT 1",
+    )
+    .bind(&a_ids)
+    .bind(&a_users)
+    .bind(&a_repositories)
+    .bind(&a_refs)
+    .bind(&a_commits)
+    .bind(&a_jobs)
+    .bind(&s_ids)
+    .bind(&s_users)
+    .bind(&s_analyses)
+    .bind(&s_jobs)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
