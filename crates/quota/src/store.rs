@@ -439,16 +439,15 @@ async fn lock_users(
         .collect())
 }
 
-/// The reservations a quota check counts: every linked one, and unlinked ones within their TTL.
-/// A linked reservation ends in the same transaction as its job's final state, so a linked one
-/// whose job is final or gone is an orphan of a bug or a hand edit; counting it until the
-/// scheduler's cleanup removes it errs on the safe side (it can only refuse, never overspend),
-/// and spares the check a look-up of every pending job of the user.
-const COUNTED_RESERVATION: &str = "(r.job_id IS NOT NULL OR r.expires_at > now())";
-
+/// The reservations a quota check counts: every linked one (their running total in
+/// `quota_reserved_totals`, kept by triggers), and unlinked ones within their TTL (summed through
+/// a partial index; normally there are none). A linked reservation ends in the same transaction
+/// as its job's final state, so a linked one whose job is final or gone is an orphan of a bug or
+/// a hand edit; counting it until the scheduler's cleanup removes it errs on the safe side (it
+/// can only refuse, never overspend), and spares the check a look-up of every pending job.
 /// Used and reserved units of each (user, event type) pair, read in one statement (one
 /// snapshot: a completion that moves units from reserved to used is seen entirely or not at
-/// all); `limit` gives each pair's limit.
+/// all) of constant cost per pair, however many jobs wait; `limit` gives each pair's limit.
 async fn standings(
     conn: &mut PgConnection,
     pairs: &[(Uuid, Service)],
@@ -458,20 +457,20 @@ async fn standings(
     if pairs.is_empty() {
         return Ok(Vec::new());
     }
-    let sql = format!(
-        "SELECT i.ord, \
+    const SQL: &str = "SELECT i.ord, \
            (SELECT COALESCE(SUM(e.amount), 0)::int8 FROM usage_events e \
              WHERE e.user_id = i.user_id AND e.event_type = i.event_type \
                AND e.occurred_at >= $3 AND e.occurred_at < $4), \
-           (SELECT COALESCE(SUM(r.reserved_amount), 0)::int8 FROM quota_reservations r \
-             WHERE r.user_id = i.user_id AND r.event_type = i.event_type \
-               AND {COUNTED_RESERVATION}) \
+           COALESCE((SELECT t.reserved FROM quota_reserved_totals t \
+                      WHERE t.user_id = i.user_id AND t.event_type = i.event_type), 0) \
+           + (SELECT COALESCE(SUM(r.reserved_amount), 0)::int8 FROM quota_reservations r \
+               WHERE r.user_id = i.user_id AND r.event_type = i.event_type \
+                 AND r.job_id IS NULL AND r.expires_at > now()) \
          FROM unnest($1::uuid[], $2::text[]::fairlane_usage_event_type[]) \
-              WITH ORDINALITY AS i(user_id, event_type, ord)"
-    );
+              WITH ORDINALITY AS i(user_id, event_type, ord)";
     let users: Vec<Uuid> = pairs.iter().map(|(u, _)| *u).collect();
     let events: Vec<&str> = pairs.iter().map(|(_, e)| e.as_str()).collect();
-    let rows: Vec<(i64, i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+    let rows: Vec<(i64, i64, i64)> = sqlx::query_as(SQL)
         .bind(&users)
         .bind(&events)
         .bind(period.start)

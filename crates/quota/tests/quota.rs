@@ -44,6 +44,23 @@ async fn count(pool: &PgPool, sql: &'static str) -> i64 {
     n
 }
 
+/// The running totals the triggers keep equal the linked reservations, exactly.
+async fn assert_totals_exact(pool: &PgPool) {
+    let drift: Vec<(Uuid, String, i64, i64)> = sqlx::query_as(
+        "SELECT coalesce(t.user_id, r.user_id), coalesce(t.event_type, r.event_type)::text, \
+                coalesce(t.reserved, 0), coalesce(r.reserved, 0) \
+         FROM quota_reserved_totals t \
+         FULL JOIN (SELECT user_id, event_type, sum(reserved_amount)::int8 AS reserved \
+                    FROM quota_reservations WHERE job_id IS NOT NULL GROUP BY 1, 2) r \
+           ON r.user_id = t.user_id AND r.event_type = t.event_type \
+         WHERE coalesce(t.reserved, 0) <> coalesce(r.reserved, 0)",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert!(drift.is_empty(), "totals drifted: {drift:?}");
+}
+
 fn quota() -> Quota {
     Quota::new(QuotaConfig::default()).unwrap()
 }
@@ -168,6 +185,7 @@ async fn concurrent_reservations_never_exceed_the_limit() {
             0
         );
     }
+    assert_totals_exact(&db.pool).await;
 }
 
 #[tokio::test]
@@ -305,6 +323,7 @@ async fn the_hook_bills_completed_jobs_once_and_releases_failed_ones() {
         .await
         .unwrap();
     assert_eq!(left, vec![(d,)], "the retryable job keeps its reservation");
+    assert_totals_exact(&db.pool).await;
 }
 
 #[tokio::test]
@@ -333,6 +352,7 @@ async fn cancelling_a_waiting_job_through_the_queue_releases_its_reservation() {
     // release() of an already released job is a no-op.
     let mut conn = db.pool.acquire().await.unwrap();
     assert!(!quota::release(&mut conn, job).await.unwrap());
+    assert_totals_exact(&db.pool).await;
 }
 
 #[tokio::test]
@@ -354,6 +374,7 @@ async fn release_removes_the_reservation_without_billing() {
         count(&db.pool, "SELECT count(*) FROM usage_events").await,
         0
     );
+    assert_totals_exact(&db.pool).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -432,6 +453,7 @@ async fn jobs_completed_by_a_real_engine_are_billed_exactly_once() {
         .await
         .unwrap();
     assert_eq!((usage.events[0].used, usage.events[0].reserved), (20, 0));
+    assert_totals_exact(&db.pool).await;
 }
 
 #[tokio::test]
@@ -519,4 +541,97 @@ async fn cleanup_removes_orphans_and_never_a_live_jobs_reservation() {
         count(&db.pool, "SELECT count(*) FROM usage_events").await,
         0
     );
+    assert_totals_exact(&db.pool).await;
+}
+
+#[tokio::test]
+async fn reserved_totals_follow_every_change_to_reservations() {
+    let db = TestDb::new().await;
+    let (a, b) = (user(&db.pool, "pro").await, user(&db.pool, "free").await);
+    let reserve = |user: Uuid, event: &'static str, amount: i32, job: Option<i64>| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query(
+                "INSERT INTO quota_reservations (user_id, event_type, reserved_amount, job_id, expires_at) \
+                 VALUES ($1, $2::text::fairlane_usage_event_type, $3, $4, now() + interval '1 hour')",
+            )
+            .bind(user)
+            .bind(event)
+            .bind(amount)
+            .bind(job)
+            .execute(&pool)
+            .await
+            .unwrap();
+        }
+    };
+    let total = |user: Uuid, event: &'static str| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT coalesce((SELECT reserved FROM quota_reserved_totals \
+                   WHERE user_id = $1 AND event_type = $2::text::fairlane_usage_event_type), 0)",
+            )
+            .bind(user)
+            .bind(event)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    reserve(a, "analysis", 2, Some(1)).await;
+    reserve(a, "analysis", 3, Some(2)).await;
+    reserve(a, "specview", 1, Some(3)).await;
+    reserve(b, "analysis", 1, None).await; // unlinked: not in the total
+    assert_eq!(total(a, "analysis").await, 5);
+    assert_eq!(total(a, "specview").await, 1);
+    assert_eq!(total(b, "analysis").await, 0);
+    // Linking, re-pointing and resizing in one statement.
+    sqlx::query(
+        "UPDATE quota_reservations SET job_id = coalesce(job_id, 4), \
+           reserved_amount = CASE WHEN job_id = 2 THEN 1 ELSE reserved_amount END",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(total(a, "analysis").await, 3);
+    assert_eq!(total(b, "analysis").await, 1);
+    assert_totals_exact(&db.pool).await;
+    // The check sees the total plus live unlinked reservations, and nothing else.
+    reserve(b, "analysis", 1, None).await;
+    let usage = quota()
+        .usage(&mut db.pool.acquire().await.unwrap(), b, Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(usage.events[0].reserved, 2);
+    sqlx::query("UPDATE quota_reservations SET expires_at = now() - interval '1 second' WHERE job_id IS NULL")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let usage = quota()
+        .usage(&mut db.pool.acquire().await.unwrap(), b, Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(
+        usage.events[0].reserved, 1,
+        "an expired unlinked reservation no longer counts"
+    );
+    // Deleting some, deleting a user (cascading to both tables), truncating.
+    sqlx::query("DELETE FROM quota_reservations WHERE job_id = 1")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(total(a, "analysis").await, 1);
+    assert_totals_exact(&db.pool).await;
+    sqlx::query("DELETE FROM users WHERE id = $1")
+        .bind(b)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    assert_totals_exact(&db.pool).await;
+    sqlx::query("TRUNCATE quota_reservations")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(total(a, "analysis").await, 0);
+    assert_totals_exact(&db.pool).await;
 }

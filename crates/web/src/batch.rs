@@ -1,21 +1,28 @@
 //! Request coalescing: concurrent requests that each need the same kind of database work are
 //! served together, one batch per round of statements, instead of one round each.
 //!
-//! A [`Batcher`] runs `concurrency` collectors. A free collector waits for the first item, then
-//! takes whatever else is already queued (up to `max_batch`) and runs the batch; items that
-//! arrive meanwhile form the next batch. Nothing waits for a batch to fill: an idle server runs
-//! a batch of one at once, and a busy one gathers as many items as arrive while the previous
-//! batches run — the same idea as PostgreSQL's group commit.
+//! A [`Batcher`] has `shards` queues, each with one collector; an item goes to the shard of its
+//! [`BatchRun::shard_key`], so items with the same key (the same user) never run in two
+//! batches at once and keep their order, and batches running side by side never wait for each
+//! other's row locks. A collector waits for the first item, takes whatever else is already
+//! queued (up to `max_batch`) and runs the batch; items that arrive meanwhile form the next one.
+//! Nothing waits for a batch to fill: an idle server runs a batch of one at once, and a busy one
+//! gathers as many items as arrive while the previous batch runs — the idea of PostgreSQL's
+//! group commit.
 
 use std::future::Future;
 use std::sync::Arc;
 
-use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 /// The work a [`Batcher`] does for a batch.
 pub trait BatchRun: Send + Sync + 'static {
     type Item: Send + 'static;
     type Output: Send + 'static;
+
+    /// Which shard an item belongs to (items of one key are served in order, one batch at a
+    /// time).
+    fn shard_key(item: &Self::Item) -> u64;
 
     /// Serves `batch`, answering each request with [`Pending::answer`]. A request dropped
     /// unanswered fails with [`BatchFailed`]. [`Pending::is_abandoned`] tells whether its
@@ -48,43 +55,44 @@ impl<R: BatchRun + ?Sized> Pending<R> {
 pub struct BatchFailed;
 
 /// Submits items to the collectors. Cheap to clone; the collectors stop once every clone is
-/// dropped and the queue is drained.
+/// dropped and their queues are drained.
 pub struct Batcher<R: BatchRun> {
-    sender: mpsc::Sender<Pending<R>>,
+    shards: Arc<[mpsc::Sender<Pending<R>>]>,
 }
 
 impl<R: BatchRun> Clone for Batcher<R> {
     fn clone(&self) -> Self {
         Batcher {
-            sender: self.sender.clone(),
+            shards: Arc::clone(&self.shards),
         }
     }
 }
 
 impl<R: BatchRun> Batcher<R> {
-    /// Starts `concurrency` collectors (at least one) on the current Tokio runtime, each running
+    /// Starts `shards` collectors (at least one) on the current Tokio runtime, each running
     /// batches of at most `max_batch` items (at least one).
-    pub fn start(runner: R, max_batch: usize, concurrency: usize) -> Self {
+    pub fn start(runner: R, max_batch: usize, shards: usize) -> Self {
         let max_batch = max_batch.max(1);
-        let concurrency = concurrency.max(1);
-        let (sender, receiver) = mpsc::channel(max_batch * concurrency * 2);
-        let receiver = Arc::new(Mutex::new(receiver));
         let runner = Arc::new(runner);
-        for _ in 0..concurrency {
-            tokio::spawn(collect(
-                Arc::clone(&runner),
-                Arc::clone(&receiver),
-                max_batch,
-            ));
+        let shards: Vec<_> = (0..shards.max(1))
+            .map(|_| {
+                let (sender, receiver) = mpsc::channel(max_batch * 2);
+                tokio::spawn(collect(Arc::clone(&runner), receiver, max_batch));
+                sender
+            })
+            .collect();
+        Batcher {
+            shards: Arc::from(shards),
         }
-        Batcher { sender }
     }
 
     /// Queues `item` and waits for its output. If the caller stops waiting (a dropped request),
     /// an item not yet taken into a batch is skipped; one already running completes.
     pub async fn submit(&self, item: R::Item) -> Result<R::Output, BatchFailed> {
+        let shard = R::shard_key(&item) % self.shards.len() as u64;
+        let sender = &self.shards[usize::try_from(shard).unwrap_or(0)];
         let (reply, output) = oneshot::channel();
-        self.sender
+        sender
             .send(Pending { item, reply })
             .await
             .map_err(|_| BatchFailed)?;
@@ -94,28 +102,18 @@ impl<R: BatchRun> Batcher<R> {
 
 async fn collect<R: BatchRun>(
     runner: Arc<R>,
-    receiver: Arc<Mutex<mpsc::Receiver<Pending<R>>>>,
+    mut receiver: mpsc::Receiver<Pending<R>>,
     max_batch: usize,
 ) {
-    loop {
-        let batch = {
-            let mut receiver = receiver.lock().await;
-            let Some(first) = receiver.recv().await else {
-                return;
-            };
-            let mut batch = vec![first];
-            while batch.len() < max_batch {
-                match receiver.try_recv() {
-                    Ok(entry) => batch.push(entry),
-                    Err(_) => break,
-                }
+    while let Some(first) = receiver.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < max_batch {
+            match receiver.try_recv() {
+                Ok(pending) => batch.push(pending),
+                Err(_) => break,
             }
-            batch
-        };
-        let batch: Vec<Pending<R>> = batch
-            .into_iter()
-            .filter(|pending| !pending.is_abandoned())
-            .collect();
+        }
+        batch.retain(|pending| !pending.is_abandoned());
         if batch.is_empty() {
             continue;
         }
@@ -146,6 +144,9 @@ mod tests {
     impl BatchRun for Arc<Doubler> {
         type Item = u64;
         type Output = u64;
+        fn shard_key(item: &u64) -> u64 {
+            *item
+        }
         async fn run(&self, batch: Vec<Pending<Self>>) {
             let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
             self.most_running.fetch_max(now, Ordering::SeqCst);
@@ -215,5 +216,22 @@ mod tests {
         assert_eq!(busy.await.unwrap().unwrap(), 2);
         assert_eq!(batcher.submit(3).await.unwrap(), 6);
         assert_eq!(*doubler.sizes.lock().unwrap(), vec![1, 1]);
+    }
+
+    #[tokio::test]
+    async fn items_of_one_shard_run_one_batch_at_a_time_in_order() {
+        let doubler = Arc::new(Doubler::default());
+        let batcher = Batcher::start(Arc::clone(&doubler), 4, 2);
+        // Even numbers all land on shard 0.
+        let tasks: Vec<_> = (0..20u64)
+            .map(|i| {
+                let b = batcher.clone();
+                tokio::spawn(async move { b.submit(200 + 2 * i).await.unwrap() })
+            })
+            .collect();
+        for (i, t) in tasks.into_iter().enumerate() {
+            assert_eq!(t.await.unwrap(), 2 * (200 + 2 * i as u64));
+        }
+        assert_eq!(doubler.most_running.load(Ordering::SeqCst), 1);
     }
 }

@@ -43,7 +43,8 @@ pub struct WebConfig {
     pub resolve_timeout: Duration,
     /// Most `POST` requests enqueued together in one transaction (docs/web.md, ADR 0007).
     pub enqueue_batch_max: usize,
-    /// Enqueue transactions running at once (each holds one pooled connection while it runs).
+    /// Enqueue transactions running at once, each for its own share of the users (each holds one
+    /// pooled connection while it runs).
     pub enqueue_batch_concurrency: usize,
     /// `QUOTA_*` settings.
     #[serde(flatten)]

@@ -157,6 +157,12 @@ impl BatchRun for EnqueueRunner {
     type Item = EnqueueRequest;
     type Output = Outcome;
 
+    /// By user: one user's requests are decided in arrival order, and batches running side by
+    /// side lock disjoint users.
+    fn shard_key(item: &EnqueueRequest) -> u64 {
+        item.user_id.as_u64_pair().0
+    }
+
     async fn run(&self, mut batch: Vec<Pending<Self>>) {
         loop {
             // A request that timed out was answered 503 "nothing was changed": keep it so.
