@@ -4,6 +4,8 @@
 //! (so the limiter can describe the caller, and anonymous or bad-key traffic is limited per IP);
 //! handlers then demand an [`AuthUser`], which turns anything but a valid key into a 401.
 
+use std::collections::HashMap;
+
 use axum::extract::{FromRequestParts, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -12,6 +14,7 @@ use http::HeaderMap;
 use http::request::Parts;
 use uuid::Uuid;
 
+use crate::batch::{BatchRun, Pending};
 use crate::keys;
 use crate::problem::Problem;
 use crate::state::AppState;
@@ -61,13 +64,11 @@ async fn identify(state: &AppState, headers: &HeaderMap) -> Result<Identity, Pro
     let Some(key_id) = keys::parse_id(token) else {
         return Ok(Identity::Invalid("the API key is malformed"));
     };
-    let row: Option<(Uuid, Vec<u8>, bool, String)> = sqlx::query_as(
-        "SELECT k.user_id, k.key_hash, k.revoked_at IS NOT NULL, u.tier::text \
-         FROM api_keys k JOIN users u ON u.id = k.user_id WHERE k.id = $1",
-    )
-    .bind(key_id)
-    .fetch_optional(&state.pool)
-    .await?;
+    let row = state
+        .key_lookup
+        .submit(key_id.to_owned())
+        .await
+        .map_err(|e| Problem::internal(&e))??;
     let Some((user_id, hash, revoked, tier)) = row else {
         return Ok(Identity::Invalid("the API key is not known"));
     };
@@ -82,6 +83,59 @@ async fn identify(state: &AppState, headers: &HeaderMap) -> Result<Identity, Pro
         tier: Tier::resolve(Some(&tier)),
         key_id: key_id.to_owned(),
     }))
+}
+
+/// A stored API key: (user, SHA-256 of the key, revoked, the user's tier).
+pub type StoredKey = (Uuid, Vec<u8>, bool, String);
+
+/// A looked-up row: the key id, then the [`StoredKey`] fields.
+type KeyRow = (String, Uuid, Vec<u8>, bool, String);
+
+/// Looks up the API keys of concurrent requests in one statement per batch (see
+/// [`crate::batch`]); every lookup still reads the database after its request arrived, so a
+/// revocation is in force for every request that starts after it committed.
+pub struct KeyLookup {
+    pub pool: sqlx::PgPool,
+}
+
+impl BatchRun for KeyLookup {
+    type Item = String;
+    type Output = Result<Option<StoredKey>, Problem>;
+
+    fn shard_key(key_id: &String) -> u64 {
+        key_id
+            .bytes()
+            .fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)))
+    }
+
+    async fn run(&self, batch: Vec<Pending<Self>>) {
+        let ids: Vec<&str> = batch.iter().map(|p| p.item.as_str()).collect();
+        let rows: Result<Vec<KeyRow>, sqlx::Error> = sqlx::query_as(
+            "SELECT k.id, k.user_id, k.key_hash, k.revoked_at IS NOT NULL, u.tier::text \
+                 FROM api_keys k JOIN users u ON u.id = k.user_id WHERE k.id = ANY($1)",
+        )
+        .bind(&ids)
+        .fetch_all(&self.pool)
+        .await;
+        match rows {
+            Ok(rows) => {
+                let found: HashMap<String, StoredKey> = rows
+                    .into_iter()
+                    .map(|(id, user, hash, revoked, tier)| (id, (user, hash, revoked, tier)))
+                    .collect();
+                for pending in batch {
+                    let key = found.get(&pending.item).cloned();
+                    pending.answer(Ok(key));
+                }
+            }
+            Err(e) => {
+                let problem = Problem::from(e);
+                for pending in batch {
+                    pending.answer(Err(problem.clone()));
+                }
+            }
+        }
+    }
 }
 
 /// Middleware: records the caller's [`Identity`] in the request extensions.

@@ -113,6 +113,7 @@ pub fn build_state(config: &WebConfig, pool: PgPool) -> anyhow::Result<AppState>
     };
     let queue =
         queue::Client::new(pool.clone()).with_hooks(vec![Arc::new(quota::QuotaHook::new())]);
+    let key_lookup = batch::Batcher::start(auth::KeyLookup { pool: pool.clone() }, 64, 2);
     let enqueuer = batch::Batcher::start(
         enqueue::EnqueueRunner {
             queue: queue.clone(),
@@ -139,6 +140,7 @@ pub fn build_state(config: &WebConfig, pool: PgPool) -> anyhow::Result<AppState>
         pool,
         queue,
         quota,
+        key_lookup,
         enqueuer,
         limiter,
         url_policy,

@@ -19,6 +19,8 @@ pub struct Inner {
     /// its reservation in the same transaction.
     pub queue: queue::Client,
     pub quota: quota::Quota,
+    /// API-key lookups, batched with concurrent ones.
+    pub key_lookup: crate::batch::Batcher<crate::auth::KeyLookup>,
     /// Every `POST` that creates work enqueues through it, batched with concurrent ones.
     pub enqueuer: crate::enqueue::Enqueuer,
     /// `None` when rate limiting is disabled.
