@@ -75,7 +75,7 @@ impl Default for WebConfig {
             http_body_limit: 16 * 1024,
             resolve_timeout: Duration::from_secs(10),
             enqueue_batch_max: 64,
-            enqueue_batch_concurrency: 2,
+            enqueue_batch_concurrency: 1,
             quota: quota::QuotaConfig::default(),
             telemetry: web_telemetry(),
         }
