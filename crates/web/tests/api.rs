@@ -464,26 +464,31 @@ async fn every_tier_is_routed_to_its_lane_and_unknown_tiers_to_default() {
     s.stop().await;
 }
 
-#[tokio::test]
-async fn a_failing_job_insert_leaves_no_reservation() {
-    let db = TestDb::new().await;
-    let s = start(&db).await;
-    let (_, key) = user_with_key(&db.pool, "pro").await;
+/// Makes every job insert whose repository contains `explode` fail inside its transaction.
+async fn refuse_jobs_of_exploding_repositories(pool: &sqlx::PgPool) {
     sqlx::query(
         "CREATE FUNCTION refuse_job() RETURNS trigger LANGUAGE plpgsql AS $$ \
          BEGIN IF NEW.args->>'repository' LIKE '%explode%' THEN \
            RAISE EXCEPTION 'job insert refused by test trigger'; END IF; RETURN NEW; END $$",
     )
-    .execute(&db.pool)
+    .execute(pool)
     .await
     .unwrap();
     sqlx::query(
         "CREATE TRIGGER refuse_job BEFORE INSERT ON fairlane_job \
          FOR EACH ROW EXECUTE FUNCTION refuse_job()",
     )
-    .execute(&db.pool)
+    .execute(pool)
     .await
     .unwrap();
+}
+
+#[tokio::test]
+async fn a_failing_job_insert_leaves_no_reservation() {
+    let db = TestDb::new().await;
+    let s = start(&db).await;
+    let (_, key) = user_with_key(&db.pool, "pro").await;
+    refuse_jobs_of_exploding_repositories(&db.pool).await;
     let r = s
         .http
         .post_json(
@@ -513,21 +518,7 @@ async fn a_failing_request_in_a_batch_fails_alone() {
     let db = TestDb::new().await;
     let s = start(&db).await;
     let (_, key) = user_with_key(&db.pool, "pro").await;
-    sqlx::query(
-        "CREATE FUNCTION refuse_job() RETURNS trigger LANGUAGE plpgsql AS $$ \
-         BEGIN IF NEW.args->>'repository' LIKE '%explode%' THEN \
-           RAISE EXCEPTION 'job insert refused by test trigger'; END IF; RETURN NEW; END $$",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
-    sqlx::query(
-        "CREATE TRIGGER refuse_job BEFORE INSERT ON fairlane_job \
-         FOR EACH ROW EXECUTE FUNCTION refuse_job()",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    refuse_jobs_of_exploding_repositories(&db.pool).await;
     // 40 concurrent requests share batches with the 4 that fail; each fails alone.
     let requests = (0..40u64).map(|n| {
         let (http, key) = (s.http.clone(), key.clone());
