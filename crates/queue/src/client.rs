@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
+use sqlx::postgres::PgArguments;
 use sqlx::{PgConnection, PgPool, Postgres};
 
 use crate::error::QueueError;
@@ -73,9 +74,22 @@ impl Client {
     /// [`Client::insert_tx`] on a plain transaction, its inserts do not NOTIFY inside the
     /// transaction (PostgreSQL serializes notifying commits); [`QueueTx::commit`] wakes the
     /// producers after committing instead.
-    pub async fn begin(&self) -> Result<QueueTx, QueueError> {
+    pub async fn begin(&self) -> Result<QueueTx<'static>, QueueError> {
         Ok(QueueTx {
             tx: self.pool.begin().await?,
+            queues: BTreeSet::new(),
+            waker: Arc::clone(&self.waker),
+        })
+    }
+
+    /// [`Client::begin`] on a connection the caller holds (one it keeps between transactions,
+    /// sparing the pool's check-out and check-in round trips).
+    pub async fn begin_on<'c>(
+        &self,
+        conn: &'c mut PgConnection,
+    ) -> Result<QueueTx<'c>, QueueError> {
+        Ok(QueueTx {
+            tx: sqlx::Connection::begin(conn).await?,
             queues: BTreeSet::new(),
             waker: Arc::clone(&self.waker),
         })
@@ -234,13 +248,13 @@ impl Client {
 
 /// A transaction that inserts jobs and wakes their producers after it commits. Derefs to the
 /// connection, so any other statement can run in it (`&mut *tx`).
-pub struct QueueTx {
-    tx: sqlx::Transaction<'static, Postgres>,
+pub struct QueueTx<'c> {
+    tx: sqlx::Transaction<'c, Postgres>,
     queues: BTreeSet<String>,
     waker: Arc<Waker>,
 }
 
-impl std::fmt::Debug for QueueTx {
+impl std::fmt::Debug for QueueTx<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("QueueTx")
             .field("queues", &self.queues)
@@ -248,7 +262,7 @@ impl std::fmt::Debug for QueueTx {
     }
 }
 
-impl QueueTx {
+impl QueueTx<'_> {
     pub async fn insert(&mut self, job: NewJob) -> Result<Inserted, QueueError> {
         let inserted = insert::insert_with(&mut self.tx, job, Notify::AfterCommit).await?;
         self.remember(std::slice::from_ref(&inserted));
@@ -259,6 +273,32 @@ impl QueueTx {
         let inserted = insert::insert_many_with(&mut self.tx, jobs, Notify::AfterCommit).await?;
         self.remember(&inserted);
         Ok(inserted)
+    }
+
+    /// Runs a statement built around [`crate::compose::JobsCte`] (with `args` bound in its
+    /// order) that returns the `expected` inserted jobs in input order, and wakes their
+    /// producers after commit.
+    pub async fn insert_composed(
+        &mut self,
+        sql: String,
+        args: PgArguments,
+        expected: usize,
+    ) -> Result<Vec<JobRow>, QueueError> {
+        let rows: Vec<JobRow> = sqlx::query_as_with(sqlx::AssertSqlSafe(sql), args)
+            .fetch_all(&mut *self.tx)
+            .await?;
+        if rows.len() != expected {
+            return Err(QueueError::InvalidJob(format!(
+                "a composed insert returned {} jobs for {expected}",
+                rows.len()
+            )));
+        }
+        self.queues.extend(
+            rows.iter()
+                .filter(|j| j.state == JobState::Available)
+                .map(|j| j.queue.clone()),
+        );
+        Ok(rows)
     }
 
     fn remember(&mut self, inserted: &[Inserted]) {
@@ -284,14 +324,14 @@ impl QueueTx {
     }
 }
 
-impl Deref for QueueTx {
+impl Deref for QueueTx<'_> {
     type Target = PgConnection;
     fn deref(&self) -> &PgConnection {
         &self.tx
     }
 }
 
-impl DerefMut for QueueTx {
+impl DerefMut for QueueTx<'_> {
     fn deref_mut(&mut self) -> &mut PgConnection {
         &mut self.tx
     }

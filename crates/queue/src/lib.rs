@@ -18,6 +18,7 @@
 pub mod backoff;
 pub mod client;
 mod completer;
+pub mod compose;
 pub mod config;
 pub mod context;
 mod copy;
@@ -42,6 +43,7 @@ pub mod wake;
 pub use backoff::RetryPolicy;
 pub use client::{CancelResult, Client, QueueTx};
 pub use common::{JobArgs, QueueName};
+pub use compose::JobsCte;
 pub use config::EngineConfig;
 pub use context::{CancelReason, JobContext};
 pub use engine::{Engine, EngineBuilder};

@@ -203,3 +203,76 @@ async fn user_id_is_indexed_from_the_arguments() {
     let err = NewJob::from_json("x", q("a"), serde_json::json!({"user_id": "alice"})).unwrap_err();
     assert!(err.to_string().contains("must be a user's UUID"), "{err}");
 }
+
+#[tokio::test]
+async fn a_composed_statement_links_sibling_rows_to_the_jobs_it_inserts_and_commits_with_them() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    sqlx::query("CREATE TABLE job_note (job_id bigint NOT NULL, note text NOT NULL)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let jobs: Vec<NewJob> = (0..5)
+        .map(|n| NewJob::new(q("default"), &Tag { n }).unwrap())
+        .collect();
+    let notes: Vec<String> = (0..5).map(|n| format!("note {n}")).collect();
+    let sql = format!(
+        "WITH {}, noted AS ( \
+           INSERT INTO job_note (job_id, note) \
+           SELECT j.id, t.note FROM unnest($8::text[]) WITH ORDINALITY AS t(note, ord) \
+           JOIN fairlane_new_job j ON j.ord = t.ord \
+         ) \
+         SELECT j.* FROM fairlane_inserted_job j JOIN fairlane_new_job n USING (id) \
+         ORDER BY n.ord",
+        queue::JobsCte::sql(1)
+    );
+    let bind = |jobs: Vec<NewJob>| {
+        let mut args = sqlx::postgres::PgArguments::default();
+        queue::JobsCte::new(jobs).unwrap().bind(&mut args).unwrap();
+        sqlx::Arguments::add(&mut args, &notes).unwrap();
+        args
+    };
+
+    // Rolled back: neither the jobs nor their notes exist.
+    let mut tx = client.begin().await.unwrap();
+    tx.insert_composed(sql.clone(), bind(jobs.clone()), 5)
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    let count = |table: &'static str| {
+        let pool = db.pool.clone();
+        async move {
+            let (n,): (i64,) =
+                sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+            n
+        }
+    };
+    assert_eq!(
+        (count("fairlane_job").await, count("job_note").await),
+        (0, 0)
+    );
+
+    // Committed: every note names the job inserted for it, returned in input order.
+    let mut tx = client.begin().await.unwrap();
+    let rows = tx.insert_composed(sql, bind(jobs), 5).await.unwrap();
+    tx.commit().await.unwrap();
+    for (n, row) in rows.iter().enumerate() {
+        assert_eq!(row.args["n"], n);
+        assert_eq!(row.state, JobState::Available);
+        let (note,): (String,) = sqlx::query_as("SELECT note FROM job_note WHERE job_id = $1")
+            .bind(row.id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert_eq!(note, format!("note {n}"));
+    }
+
+    // A unique job cannot be composed: a conflict would leave its sibling row without a job.
+    let unique = NewJob::new(q("default"), &Tag { n: 9 })
+        .unwrap()
+        .unique_key("k");
+    assert!(queue::JobsCte::new(vec![unique]).is_err());
+}

@@ -1,0 +1,113 @@
+//! The job insert as a part of a caller's statement: for rows that reference new jobs and must
+//! commit with them (a quota reservation, a record the job fills), written in the same round
+//! trip instead of one statement per table.
+//!
+//! [`JobsCte`] gives two common table expressions: `fairlane_new_job (ord, id)`, the jobs in
+//! input order (1-based) with the ids they get, and `fairlane_inserted_job`, the `INSERT …
+//! RETURNING *`. The caller's own data-modifying CTEs join `fairlane_new_job` by ordinal, and
+//! its final `SELECT` returns every inserted job in input order:
+//! `SELECT j.* FROM fairlane_inserted_job j JOIN fairlane_new_job n USING (id) ORDER BY n.ord`.
+//! [`crate::QueueTx::insert_composed`] runs such a statement.
+//! The ids are drawn from the table's identity sequence before the insert, which is what lets
+//! sibling CTEs (which cannot see each other's rows) know them.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::Arguments;
+use sqlx::postgres::PgArguments;
+
+use crate::error::QueueError;
+use crate::insert::NewJob;
+
+/// The number of parameters [`JobsCte::sql`] uses.
+pub const JOBS_CTE_PARAMS: usize = 7;
+
+/// Jobs to insert within a caller's statement. Unique keys are not supported (a conflict would
+/// leave a sibling row without its job); use [`crate::insert::insert_many`] for unique jobs.
+#[derive(Debug, Clone, Default)]
+pub struct JobsCte {
+    kinds: Vec<String>,
+    queues: Vec<String>,
+    args: Vec<Value>,
+    priorities: Vec<i16>,
+    max_attempts: Vec<i16>,
+    scheduled: Vec<Option<DateTime<Utc>>>,
+    metadata: Vec<Value>,
+}
+
+impl JobsCte {
+    /// Validates `jobs` (as every insert does) and refuses unique keys.
+    pub fn new(jobs: Vec<NewJob>) -> Result<Self, QueueError> {
+        let mut cte = JobsCte::default();
+        for job in jobs {
+            job.validate()?;
+            if job.unique_key.is_some() {
+                return Err(QueueError::InvalidJob(
+                    "a job inserted within another statement cannot have a unique key".into(),
+                ));
+            }
+            cte.kinds.push(job.kind);
+            cte.queues.push(job.queue.as_str().to_owned());
+            cte.args.push(job.args);
+            cte.priorities.push(job.priority);
+            cte.max_attempts.push(job.max_attempts);
+            cte.scheduled.push(job.scheduled_at);
+            cte.metadata.push(Value::Object(job.metadata));
+        }
+        Ok(cte)
+    }
+
+    pub fn len(&self) -> usize {
+        self.kinds.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.kinds.is_empty()
+    }
+
+    /// The two CTEs (without the leading `WITH`), using parameters `$first` to
+    /// `$first + JOBS_CTE_PARAMS - 1`.
+    pub fn sql(first: usize) -> String {
+        let p = |i: usize| first + i;
+        format!(
+            "fairlane_new_job AS ( \
+               SELECT nextval(pg_get_serial_sequence('fairlane_job', 'id')) AS id, t.* \
+               FROM unnest(${}::text[], ${}::text[], ${}::jsonb[], ${}::int2[], ${}::int2[], \
+                           ${}::timestamptz[], ${}::jsonb[]) \
+                    WITH ORDINALITY AS t(kind, queue, args, priority, max_attempts, \
+                                         scheduled_at, metadata, ord) \
+             ), fairlane_inserted_job AS ( \
+               INSERT INTO fairlane_job (id, state, kind, queue, args, priority, max_attempts, \
+                                         scheduled_at, metadata) \
+               OVERRIDING SYSTEM VALUE \
+               SELECT n.id, CASE WHEN n.scheduled_at IS NULL OR n.scheduled_at <= now() \
+                                 THEN 'available'::fairlane_job_state \
+                                 ELSE 'scheduled'::fairlane_job_state END, \
+                      n.kind, n.queue, n.args, n.priority, n.max_attempts, \
+                      coalesce(n.scheduled_at, now()), n.metadata \
+               FROM fairlane_new_job n ORDER BY n.ord \
+               RETURNING * \
+             )",
+            p(0),
+            p(1),
+            p(2),
+            p(3),
+            p(4),
+            p(5),
+            p(6)
+        )
+    }
+
+    /// Adds the parameters, in [`JobsCte::sql`]'s order, to `args`.
+    pub fn bind(self, args: &mut PgArguments) -> Result<(), QueueError> {
+        let bind = |e: sqlx::error::BoxDynError| QueueError::Database(sqlx::Error::Encode(e));
+        args.add(self.kinds).map_err(bind)?;
+        args.add(self.queues).map_err(bind)?;
+        args.add(self.args).map_err(bind)?;
+        args.add(self.priorities).map_err(bind)?;
+        args.add(self.max_attempts).map_err(bind)?;
+        args.add(self.scheduled).map_err(bind)?;
+        args.add(self.metadata).map_err(bind)?;
+        Ok(())
+    }
+}
