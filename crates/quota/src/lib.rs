@@ -30,8 +30,8 @@ pub use error::{QuotaError, QuotaExceeded};
 pub use hook::{HookEffect, QuotaHook, end_reservations};
 pub use period::{BillingCycle, BillingPeriod};
 pub use store::{
-    CleanupReport, EventUsage, Grant, Quota, Reservation, UserUsage, active_reservations, cleanup,
-    release,
+    CleanupReport, EventUsage, Grant, Quota, RESERVATIONS_CTE_PARAMS, Reservation, UserUsage,
+    active_reservations, bind_reservations, cleanup, release, reservations_cte,
 };
 
 /// The event types usage is counted in: the same names as the services (`analysis`, `specview`).

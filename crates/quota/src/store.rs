@@ -21,7 +21,8 @@ use opentelemetry::KeyValue;
 use opentelemetry::metrics::Counter;
 use queue::JobId;
 use serde::Serialize;
-use sqlx::{PgConnection, PgPool};
+use sqlx::postgres::PgArguments;
+use sqlx::{Arguments, PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::config::{InvalidQuotaConfig, QuotaConfig};
@@ -94,8 +95,10 @@ impl Grant {
         job_id: Option<JobId>,
     ) -> Result<Reservation, QuotaError> {
         let (id, expires_at): (Uuid, DateTime<Utc>) = sqlx::query_as(
-            "INSERT INTO quota_reservations (user_id, event_type, reserved_amount, job_id, expires_at) \
-             VALUES ($1, $2::fairlane_usage_event_type, $3, $4, now() + make_interval(secs => $5)) \
+            "INSERT INTO quota_reservations (id, user_id, event_type, reserved_amount, job_id, \
+                                             expires_at) \
+             VALUES ($6, $1, $2::fairlane_usage_event_type, $3, $4, \
+                     now() + make_interval(secs => $5)) \
              RETURNING id, expires_at",
         )
         .bind(self.user_id)
@@ -103,6 +106,7 @@ impl Grant {
         .bind(i32::try_from(self.amount).unwrap_or(i32::MAX))
         .bind(job_id)
         .bind(self.ttl.as_secs_f64())
+        .bind(Uuid::now_v7())
         .fetch_one(&mut *conn)
         .await?;
         tracing::debug!(user_id = %self.user_id, reservation_id = %id, event_type = self.event_type.as_str(), amount = self.amount, job_id, "quota reserved");
@@ -304,29 +308,20 @@ impl Quota {
         if grants.is_empty() {
             return Ok(());
         }
-        let users: Vec<Uuid> = grants.iter().map(|(g, _)| g.user_id).collect();
-        let events: Vec<&str> = grants.iter().map(|(g, _)| g.event_type.as_str()).collect();
-        let amounts: Vec<i32> = grants
-            .iter()
-            .map(|(g, _)| i32::try_from(g.amount).unwrap_or(i32::MAX))
-            .collect();
+        let mut args = PgArguments::default();
+        let only_grants: Vec<&Grant> = grants.iter().map(|(g, _)| g).collect();
+        bind_reservations(&only_grants, &mut args)?;
         let jobs: Vec<JobId> = grants.iter().map(|(_, job)| *job).collect();
-        let ttls: Vec<f64> = grants.iter().map(|(g, _)| g.ttl.as_secs_f64()).collect();
-        let inserted = sqlx::query(
-            "INSERT INTO quota_reservations (user_id, event_type, reserved_amount, job_id, expires_at) \
-             SELECT t.user_id, t.event_type::fairlane_usage_event_type, t.amount, t.job_id, \
-                    now() + make_interval(secs => t.ttl) \
-             FROM unnest($1::uuid[], $2::text[], $3::int4[], $4::int8[], $5::float8[]) \
-                  AS t(user_id, event_type, amount, job_id, ttl)",
-        )
-        .bind(&users)
-        .bind(&events)
-        .bind(&amounts)
-        .bind(&jobs)
-        .bind(&ttls)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected();
+        args.add(&jobs).map_err(encode_error)?;
+        let sql = format!(
+            "WITH job AS (SELECT * FROM unnest(${}::int8[]) WITH ORDINALITY AS j(id, ord)), {} \
+             SELECT count(*) FROM quota_reserved",
+            RESERVATIONS_CTE_PARAMS + 1,
+            reservations_cte("job", 1)
+        );
+        let (inserted,): (i64,) = sqlx::query_as_with(sqlx::AssertSqlSafe(sql), args)
+            .fetch_one(&mut *conn)
+            .await?;
         tracing::debug!(reservations = inserted, "quota reserved");
         Ok(())
     }
@@ -566,4 +561,55 @@ pub async fn active_reservations(
         }
     }
     Ok(counts)
+}
+
+/// The number of parameters [`reservations_cte`] uses.
+pub const RESERVATIONS_CTE_PARAMS: usize = 5;
+
+/// The reservations of many grants as a data-modifying CTE named `quota_reserved` (without the
+/// leading `WITH`), for a statement that also inserts their jobs: the `i`-th grant (1-based) is
+/// linked to the job that `jobs` — a relation with columns `ord` and `id` — lists with ordinal
+/// `i`, so there must be exactly one job per grant. Uses parameters `$first` to
+/// `$first + RESERVATIONS_CTE_PARAMS - 1`, bound by [`bind_reservations`]. Reservation ids are
+/// UUIDv7 (time-ordered), so the primary key grows at its right edge.
+pub fn reservations_cte(jobs: &str, first: usize) -> String {
+    format!(
+        "quota_reserved AS ( \
+           INSERT INTO quota_reservations (id, user_id, event_type, reserved_amount, job_id, \
+                                           expires_at) \
+           SELECT t.id, t.user_id, t.event_type::fairlane_usage_event_type, t.amount, j.id, \
+                  now() + make_interval(secs => t.ttl) \
+           FROM unnest(${}::uuid[], ${}::uuid[], ${}::text[], ${}::int4[], ${}::float8[]) \
+                WITH ORDINALITY AS t(id, user_id, event_type, amount, ttl, ord) \
+           JOIN {jobs} j ON j.ord = t.ord \
+           RETURNING id \
+         )",
+        first,
+        first + 1,
+        first + 2,
+        first + 3,
+        first + 4
+    )
+}
+
+/// Adds the parameters of [`reservations_cte`] for `grants`, in order, to `args`.
+pub fn bind_reservations(grants: &[&Grant], args: &mut PgArguments) -> Result<(), QuotaError> {
+    let ids: Vec<Uuid> = grants.iter().map(|_| Uuid::now_v7()).collect();
+    let users: Vec<Uuid> = grants.iter().map(|g| g.user_id).collect();
+    let events: Vec<&str> = grants.iter().map(|g| g.event_type.as_str()).collect();
+    let amounts: Vec<i32> = grants
+        .iter()
+        .map(|g| i32::try_from(g.amount).unwrap_or(i32::MAX))
+        .collect();
+    let ttls: Vec<f64> = grants.iter().map(|g| g.ttl.as_secs_f64()).collect();
+    args.add(ids).map_err(encode_error)?;
+    args.add(users).map_err(encode_error)?;
+    args.add(events).map_err(encode_error)?;
+    args.add(amounts).map_err(encode_error)?;
+    args.add(ttls).map_err(encode_error)?;
+    Ok(())
+}
+
+fn encode_error(e: sqlx::error::BoxDynError) -> QuotaError {
+    QuotaError::Database(sqlx::Error::Encode(e))
 }
