@@ -95,7 +95,8 @@ type KeyRow = (String, Uuid, Vec<u8>, bool, String);
 /// [`crate::batch`]); every lookup still reads the database after its request arrived, so a
 /// revocation is in force for every request that starts after it committed.
 pub struct KeyLookup {
-    pub pool: sqlx::PgPool,
+    /// The connections look-ups run on, held between batches.
+    pub connections: crate::held::HeldConnections,
 }
 
 impl BatchRun for KeyLookup {
@@ -110,12 +111,18 @@ impl BatchRun for KeyLookup {
 
     async fn run(&self, batch: Vec<Pending<Self>>) {
         let ids: Vec<&str> = batch.iter().map(|p| p.item.as_str()).collect();
-        let rows: Result<Vec<KeyRow>, sqlx::Error> = sqlx::query_as(
-            "SELECT k.id, k.user_id, k.key_hash, k.revoked_at IS NOT NULL, u.tier::text \
-                 FROM api_keys k JOIN users u ON u.id = k.user_id WHERE k.id = ANY($1)",
-        )
-        .bind(&ids)
-        .fetch_all(&self.pool)
+        let rows: Result<Vec<KeyRow>, sqlx::Error> = async {
+            let mut conn = self.connections.take().await?;
+            let rows = sqlx::query_as(
+                "SELECT k.id, k.user_id, k.key_hash, k.revoked_at IS NOT NULL, u.tier::text \
+                     FROM api_keys k JOIN users u ON u.id = k.user_id WHERE k.id = ANY($1)",
+            )
+            .bind(&ids)
+            .fetch_all(&mut *conn)
+            .await?;
+            self.connections.keep(conn);
+            Ok(rows)
+        }
         .await;
         match rows {
             Ok(rows) => {

@@ -1,6 +1,8 @@
 //! Enqueueing users' work: the cache look-up, the quota check and reservation, the job and its
-//! record — for every request of a batch ([`crate::batch`]) in one transaction of six
-//! statements, however many requests it holds.
+//! record — for every request of a batch ([`crate::batch`]) in one transaction of four
+//! statements (cache, lock, standings, then one statement that writes the jobs, reservations
+//! and records together), however many requests it holds, on a connection kept between batches
+//! ([`crate::held`]).
 //!
 //! Per request the outcome is what it would be alone: a cache hit (analyses), a refusal
 //! (`quota_exceeded`, decided in arrival order under the users' locks, so the limit holds
@@ -13,11 +15,13 @@
 
 use chrono::Utc;
 use common::{AnalysisArgs, Service, SpecviewArgs, Tier};
-use queue::{JobId, JobRow, NewJob};
-use sqlx::PgConnection;
+use queue::{JobRow, NewJob};
+use sqlx::postgres::PgArguments;
+use sqlx::{Arguments, PgConnection};
 use uuid::Uuid;
 
 use crate::batch::{BatchRun, Batcher, Pending};
+use crate::held::HeldConnections;
 use crate::problem::Problem;
 use crate::routes::{ANALYSIS_COLUMNS, AnalysisView};
 
@@ -118,6 +122,8 @@ pub struct EnqueueRunner {
     /// With the quota hook: cancelling a waiting job releases its reservation.
     pub queue: queue::Client,
     pub quota: quota::Quota,
+    /// The connections batches run on, held between batches.
+    pub connections: HeldConnections,
 }
 
 /// The batching enqueuer every `POST` that creates work goes through.
@@ -231,16 +237,32 @@ impl EnqueueRunner {
         }
     }
 
-    /// The whole batch in one transaction: cache hits, then quota checks in arrival order, then
-    /// jobs, reservations and records of the granted requests; rolled back instead of committed
-    /// if `abandoned()` says a caller stopped waiting meanwhile.
+    /// The whole batch in one transaction on a held connection, which is kept for the next
+    /// batch unless a statement failed on it.
     async fn enqueue_all(
         &self,
         items: &[&EnqueueRequest],
         abandoned: impl Fn() -> bool,
     ) -> Result<Vec<Outcome>, BatchError> {
+        let mut conn = self.connections.take().await?;
+        let outcome = self.enqueue_on(&mut conn, items, abandoned).await;
+        if matches!(outcome, Ok(_) | Err(BatchError::Abandoned)) {
+            self.connections.keep(conn);
+        }
+        outcome
+    }
+
+    /// Cache hits, then quota checks in arrival order, then jobs, reservations and records of the
+    /// granted requests; rolled back instead of committed if `abandoned()` says a caller stopped
+    /// waiting meanwhile.
+    async fn enqueue_on(
+        &self,
+        conn: &mut PgConnection,
+        items: &[&EnqueueRequest],
+        abandoned: impl Fn() -> bool,
+    ) -> Result<Vec<Outcome>, BatchError> {
         let now = Utc::now();
-        let mut tx = self.queue.begin().await?;
+        let mut tx = self.queue.begin_on(conn).await?;
         let mut outcomes: Vec<Option<Outcome>> = items.iter().map(|_| None).collect();
         for (index, view) in cached(&mut tx, items).await? {
             outcomes[index] = Some(Ok(Enqueued::Cached(view)));
@@ -269,34 +291,15 @@ impl EnqueueRunner {
             }
         }
         if !jobs.is_empty() {
-            let inserted = tx.insert_many(jobs).await?;
-            if inserted.len() != granted.len() {
-                return Err(BatchError::BeforeCommit(Problem::internal(
-                    &"the job insert returned the wrong number of jobs",
-                )));
-            }
-            let reservations: Vec<(quota::Grant, JobId)> = granted
-                .iter()
-                .zip(&inserted)
-                .map(|((_, grant), job)| (grant.clone(), job.job.id))
-                .collect();
-            self.quota
-                .reserve_many(&mut tx, &reservations)
-                .await
-                .map_err(crate::quota_problem)?;
-            let records: Vec<(&NewRecord, Uuid, JobId)> = granted
-                .iter()
-                .zip(&inserted)
-                .map(|((index, _), job)| (&items[*index].record, items[*index].user_id, job.job.id))
-                .collect();
-            insert_records(&mut tx, &records).await?;
+            let inserted = insert_accepted(&mut tx, items, &granted, jobs).await?;
             for ((index, _), job) in granted.into_iter().zip(inserted) {
-                outcomes[index] = Some(Ok(Enqueued::Accepted(job.job)));
+                outcomes[index] = Some(Ok(Enqueued::Accepted(job)));
             }
         }
         if abandoned() {
-            // A failed rollback leaves nothing either: the transaction never commits.
-            let _ = tx.rollback().await;
+            // A failed rollback leaves nothing either (the transaction never commits), but the
+            // connection is then not kept.
+            tx.rollback().await?;
             return Err(BatchError::Abandoned);
         }
         tx.commit()
@@ -388,13 +391,39 @@ struct CachedRow {
     view: AnalysisView,
 }
 
-/// Inserts the analysis and specview records of accepted requests, each linked to its job, in
-/// one statement.
-async fn insert_records(
-    conn: &mut PgConnection,
-    records: &[(&NewRecord, Uuid, JobId)],
-) -> Result<(), sqlx::Error> {
-    let (mut a_ids, mut a_users, mut a_repositories, mut a_refs, mut a_commits, mut a_jobs) = (
+/// The statement that writes the accepted requests: their jobs ([`queue::JobsCte`]), their
+/// reservations ([`quota::reservations_cte`]) and their analysis or specview records, each
+/// linked to its job — one round trip however many there are. Returns the jobs in the order of
+/// `granted`.
+const ACCEPTED_SQL_TAIL: &str = ", analysis_record AS ( \
+       INSERT INTO analyses (id, user_id, repository, requested_ref, commit, job_id) \
+       SELECT t.id, t.user_id, t.repository, t.requested_ref, t.commit, j.id \
+       FROM unnest($13::uuid[], $14::uuid[], $15::text[], $16::text[], $17::text[], \
+                   $18::int8[]) AS t(id, user_id, repository, requested_ref, commit, job_ord) \
+       JOIN fairlane_new_job j ON j.ord = t.job_ord \
+     ), specview_record AS ( \
+       INSERT INTO specviews (id, user_id, analysis_id, job_id) \
+       SELECT t.id, t.user_id, t.analysis_id, j.id \
+       FROM unnest($19::uuid[], $20::uuid[], $21::uuid[], $22::int8[]) \
+            AS t(id, user_id, analysis_id, job_ord) \
+       JOIN fairlane_new_job j ON j.ord = t.job_ord \
+     ) \
+     SELECT j.* FROM fairlane_inserted_job j JOIN fairlane_new_job n USING (id) ORDER BY n.ord";
+
+async fn insert_accepted(
+    tx: &mut queue::QueueTx<'_>,
+    items: &[&EnqueueRequest],
+    granted: &[(usize, quota::Grant)],
+    jobs: Vec<NewJob>,
+) -> Result<Vec<JobRow>, BatchError> {
+    let jobs = queue::JobsCte::new(jobs)?;
+    if jobs.len() != granted.len() {
+        return Err(BatchError::BeforeCommit(Problem::internal(
+            &"an accepted request has no job",
+        )));
+    }
+    let expected = jobs.len();
+    let (mut a_ids, mut a_users, mut a_repositories, mut a_refs, mut a_commits, mut a_ords) = (
         Vec::new(),
         Vec::new(),
         Vec::new(),
@@ -402,10 +431,11 @@ async fn insert_records(
         Vec::new(),
         Vec::new(),
     );
-    let (mut s_ids, mut s_users, mut s_analyses, mut s_jobs) =
+    let (mut s_ids, mut s_users, mut s_analyses, mut s_ords) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for &(record, user_id, job_id) in records {
-        match record {
+    for (ord, (index, _)) in (1i64..).zip(granted) {
+        let item = items[*index];
+        match &item.record {
             NewRecord::Analysis {
                 analysis_id,
                 repository,
@@ -413,45 +443,56 @@ async fn insert_records(
                 commit,
             } => {
                 a_ids.push(*analysis_id);
-                a_users.push(user_id);
+                a_users.push(item.user_id);
                 a_repositories.push(repository.as_str());
                 a_refs.push(requested_ref.as_deref());
                 a_commits.push(commit.as_str());
-                a_jobs.push(job_id);
+                a_ords.push(ord);
             }
             NewRecord::Specview {
                 specview_id,
                 analysis_id,
             } => {
                 s_ids.push(*specview_id);
-                s_users.push(user_id);
+                s_users.push(item.user_id);
                 s_analyses.push(*analysis_id);
-                s_jobs.push(job_id);
+                s_ords.push(ord);
             }
         }
     }
-    sqlx::query(
-        "WITH a AS ( \
-           INSERT INTO analyses (id, user_id, repository, requested_ref, commit, job_id) \
-           SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], \
-                                $6::int8[]) \
-         ), s AS ( \
-           INSERT INTO specviews (id, user_id, analysis_id, job_id) \
-           SELECT * FROM unnest($7::uuid[], $8::uuid[], $9::uuid[], $10::int8[]) \
-         ) \
-         SELECT 1",
-    )
-    .bind(&a_ids)
-    .bind(&a_users)
-    .bind(&a_repositories)
-    .bind(&a_refs)
-    .bind(&a_commits)
-    .bind(&a_jobs)
-    .bind(&s_ids)
-    .bind(&s_users)
-    .bind(&s_analyses)
-    .bind(&s_jobs)
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
+    let mut args = PgArguments::default();
+    jobs.bind(&mut args)?;
+    let grants: Vec<&quota::Grant> = granted.iter().map(|(_, g)| g).collect();
+    quota::bind_reservations(&grants, &mut args).map_err(crate::quota_problem)?;
+    let bound = (|| -> Result<(), sqlx::error::BoxDynError> {
+        args.add(a_ids)?;
+        args.add(a_users)?;
+        args.add(a_repositories)?;
+        args.add(a_refs)?;
+        args.add(a_commits)?;
+        args.add(a_ords)?;
+        args.add(s_ids)?;
+        args.add(s_users)?;
+        args.add(s_analyses)?;
+        args.add(s_ords)?;
+        Ok(())
+    })();
+    bound.map_err(|e| BatchError::BeforeCommit(Problem::internal(&e)))?;
+    Ok(tx
+        .insert_composed(accepted_sql().to_owned(), args, expected)
+        .await?)
+}
+
+/// The whole statement of [`insert_accepted`], built once.
+fn accepted_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| {
+        debug_assert_eq!(queue::compose::JOBS_CTE_PARAMS, 7);
+        debug_assert_eq!(quota::RESERVATIONS_CTE_PARAMS, 5);
+        format!(
+            "WITH {}, {}{ACCEPTED_SQL_TAIL}",
+            queue::JobsCte::sql(1),
+            quota::reservations_cte("fairlane_new_job", 1 + queue::compose::JOBS_CTE_PARAMS)
+        )
+    })
 }

@@ -13,6 +13,7 @@ pub mod config;
 pub mod docs;
 pub mod enqueue;
 pub mod extract;
+pub mod held;
 pub mod keys;
 pub mod middleware;
 pub mod openapi;
@@ -116,11 +117,18 @@ pub fn build_state(config: &WebConfig, pool: PgPool) -> anyhow::Result<AppState>
     let queue =
         queue::Client::new(pool.clone()).with_hooks(vec![Arc::new(quota::QuotaHook::new())]);
     // One collector: on a busy server, bigger batches cost less per request than parallel ones.
-    let key_lookup = batch::Batcher::start(auth::KeyLookup { pool: pool.clone() }, 64, 1);
+    let key_lookup = batch::Batcher::start(
+        auth::KeyLookup {
+            connections: held::HeldConnections::new(pool.clone()),
+        },
+        64,
+        1,
+    );
     let enqueuer = batch::Batcher::start(
         enqueue::EnqueueRunner {
             queue: queue.clone(),
             quota: quota.clone(),
+            connections: held::HeldConnections::new(pool.clone()),
         },
         config.enqueue_batch_max,
         config.enqueue_batch_concurrency,

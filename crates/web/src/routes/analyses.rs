@@ -130,7 +130,7 @@ pub async fn create(
         other => other,
     };
     let commit = resolve_commit(&state, &repo, git_ref).await?;
-    let analysis_id = Uuid::new_v4();
+    let analysis_id = Uuid::now_v7();
     let record = NewRecord::Analysis {
         analysis_id,
         repository: repo.as_str().to_owned(),

@@ -71,7 +71,7 @@ pub async fn create(
         }
         Some(_) => {}
     }
-    let specview_id = Uuid::new_v4();
+    let specview_id = Uuid::now_v7();
     let record = NewRecord::Specview {
         specview_id,
         analysis_id: body.analysis_id,
