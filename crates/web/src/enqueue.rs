@@ -391,10 +391,8 @@ struct CachedRow {
     view: AnalysisView,
 }
 
-/// The statement that writes the accepted requests: their jobs ([`queue::JobsCte`]), their
-/// reservations ([`quota::reservations_cte`]) and their analysis or specview records, each
-/// linked to its job — one round trip however many there are. Returns the jobs in the order of
-/// `granted`.
+/// The end of [`accepted_sql`]: the analysis and specview records, each linked to the job drawn
+/// for it, and the jobs in input order.
 const ACCEPTED_SQL_TAIL: &str = ", analysis_record AS ( \
        INSERT INTO analyses (id, user_id, repository, requested_ref, commit, job_id) \
        SELECT t.id, t.user_id, t.repository, t.requested_ref, t.commit, j.id \
@@ -410,6 +408,10 @@ const ACCEPTED_SQL_TAIL: &str = ", analysis_record AS ( \
      ) \
      SELECT j.* FROM fairlane_inserted_job j JOIN fairlane_new_job n USING (id) ORDER BY n.ord";
 
+/// Writes the accepted requests in one statement: their jobs ([`queue::JobsCte`]), their
+/// reservations ([`quota::reservations_cte`]) and their analysis or specview records, each
+/// linked to its job — one round trip however many there are. Returns the jobs in the order of
+/// `granted`.
 async fn insert_accepted(
     tx: &mut queue::QueueTx<'_>,
     items: &[&EnqueueRequest],
