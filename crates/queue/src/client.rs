@@ -293,20 +293,20 @@ impl QueueTx<'_> {
                 rows.len()
             )));
         }
-        self.queues.extend(
-            rows.iter()
-                .filter(|j| j.state == JobState::Available)
-                .map(|j| j.queue.clone()),
-        );
+        self.remember_jobs(&rows);
         Ok(rows)
     }
 
     fn remember(&mut self, inserted: &[Inserted]) {
+        self.remember_jobs(inserted.iter().filter(|i| !i.duplicate).map(|i| &i.job));
+    }
+
+    /// Notes the queues of `jobs` that are runnable, to wake after commit.
+    fn remember_jobs<'j>(&mut self, jobs: impl IntoIterator<Item = &'j JobRow>) {
         self.queues.extend(
-            inserted
-                .iter()
-                .filter(|i| !i.duplicate && i.job.state == JobState::Available)
-                .map(|i| i.job.queue.clone()),
+            jobs.into_iter()
+                .filter(|j| j.state == JobState::Available)
+                .map(|j| j.queue.clone()),
         );
     }
 

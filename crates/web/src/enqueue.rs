@@ -391,23 +391,6 @@ struct CachedRow {
     view: AnalysisView,
 }
 
-/// The end of [`accepted_sql`]: the analysis and specview records, each linked to the job drawn
-/// for it, and the jobs in input order.
-const ACCEPTED_SQL_TAIL: &str = ", analysis_record AS ( \
-       INSERT INTO analyses (id, user_id, repository, requested_ref, commit, job_id) \
-       SELECT t.id, t.user_id, t.repository, t.requested_ref, t.commit, j.id \
-       FROM unnest($13::uuid[], $14::uuid[], $15::text[], $16::text[], $17::text[], \
-                   $18::int8[]) AS t(id, user_id, repository, requested_ref, commit, job_ord) \
-       JOIN fairlane_new_job j ON j.ord = t.job_ord \
-     ), specview_record AS ( \
-       INSERT INTO specviews (id, user_id, analysis_id, job_id) \
-       SELECT t.id, t.user_id, t.analysis_id, j.id \
-       FROM unnest($19::uuid[], $20::uuid[], $21::uuid[], $22::int8[]) \
-            AS t(id, user_id, analysis_id, job_ord) \
-       JOIN fairlane_new_job j ON j.ord = t.job_ord \
-     ) \
-     SELECT j.* FROM fairlane_inserted_job j JOIN fairlane_new_job n USING (id) ORDER BY n.ord";
-
 /// Writes the accepted requests in one statement: their jobs ([`queue::JobsCte`]), their
 /// reservations ([`quota::reservations_cte`]) and their analysis or specview records, each
 /// linked to its job — one round trip however many there are. Returns the jobs in the order of
@@ -485,16 +468,44 @@ async fn insert_accepted(
         .await?)
 }
 
-/// The whole statement of [`insert_accepted`], built once.
+/// The whole statement of [`insert_accepted`], built once: the jobs' and the reservations'
+/// CTEs, then the analysis and specview records, each linked to the job drawn for it, and the
+/// jobs in input order. The records' parameters follow the other two parts'.
 fn accepted_sql() -> &'static str {
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SQL.get_or_init(|| {
-        debug_assert_eq!(queue::compose::JOBS_CTE_PARAMS, 7);
-        debug_assert_eq!(quota::RESERVATIONS_CTE_PARAMS, 5);
+        let reservations = 1 + queue::compose::JOBS_CTE_PARAMS;
+        let first = reservations + quota::RESERVATIONS_CTE_PARAMS;
+        let p = |i: usize| first + i;
         format!(
-            "WITH {}, {}{ACCEPTED_SQL_TAIL}",
-            queue::JobsCte::sql(1),
-            quota::reservations_cte("fairlane_new_job", 1 + queue::compose::JOBS_CTE_PARAMS)
+            "WITH {jobs}, {reserved}, analysis_record AS ( \
+               INSERT INTO analyses (id, user_id, repository, requested_ref, commit, job_id) \
+               SELECT t.id, t.user_id, t.repository, t.requested_ref, t.commit, j.id \
+               FROM unnest(${}::uuid[], ${}::uuid[], ${}::text[], ${}::text[], ${}::text[], \
+                           ${}::int8[]) \
+                    AS t(id, user_id, repository, requested_ref, commit, job_ord) \
+               JOIN fairlane_new_job j ON j.ord = t.job_ord \
+             ), specview_record AS ( \
+               INSERT INTO specviews (id, user_id, analysis_id, job_id) \
+               SELECT t.id, t.user_id, t.analysis_id, j.id \
+               FROM unnest(${}::uuid[], ${}::uuid[], ${}::uuid[], ${}::int8[]) \
+                    AS t(id, user_id, analysis_id, job_ord) \
+               JOIN fairlane_new_job j ON j.ord = t.job_ord \
+             ) \
+             SELECT j.* FROM fairlane_inserted_job j JOIN fairlane_new_job n USING (id) \
+             ORDER BY n.ord",
+            p(0),
+            p(1),
+            p(2),
+            p(3),
+            p(4),
+            p(5),
+            p(6),
+            p(7),
+            p(8),
+            p(9),
+            jobs = queue::JobsCte::sql(1),
+            reserved = quota::reservations_cte("fairlane_new_job", reservations),
         )
     })
 }

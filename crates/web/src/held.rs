@@ -2,7 +2,7 @@
 //!
 //! sqlx tests a connection with a round trip when it leaves the pool and again when it comes
 //! back. A collector runs hundreds of short batches a second one after the other, so those two
-//! pings were a quarter of a batch's round trips (docs/benchmarks.md). A collector takes its
+//! pings were two of an enqueue batch's ten round trips (ADR 0009). A collector takes its
 //! connection from here and puts it back only after the connection served a batch without
 //! error; a connection that failed is dropped into the pool, whose check-in test closes it if it
 //! is broken, and the next batch gets a fresh one.
