@@ -95,6 +95,26 @@ impl Client {
         })
     }
 
+    /// [`Client::begin_on`] whose first statement is `first`, sent with the `BEGIN` in one
+    /// simple query (one round trip for both): `first` can take no parameters and its rows are
+    /// discarded, so it suits a statement run for its effect, such as taking locks.
+    ///
+    /// If `first` fails, the error is returned and `conn` is left inside an aborted transaction
+    /// that sqlx does not track (no rollback is queued): the caller must close the connection
+    /// rather than reuse it.
+    pub async fn begin_on_with<'c>(
+        &self,
+        conn: &'c mut PgConnection,
+        first: &str,
+    ) -> Result<QueueTx<'c>, QueueError> {
+        let statement = sqlx::AssertSqlSafe(format!("BEGIN; {first}"));
+        Ok(QueueTx {
+            tx: sqlx::Connection::begin_with(conn, statement).await?,
+            queues: BTreeSet::new(),
+            waker: Arc::clone(&self.waker),
+        })
+    }
+
     /// Adds hooks that run in every transaction that moves a job out of `running` or cancels it.
     pub fn with_hooks(mut self, hooks: Vec<Arc<dyn TransitionHook>>) -> Self {
         let mut all: Vec<_> = self.hooks.iter().cloned().collect();

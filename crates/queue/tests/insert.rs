@@ -276,3 +276,24 @@ async fn a_composed_statement_links_sibling_rows_to_the_jobs_it_inserts_and_comm
         .unique_key("k");
     assert!(queue::JobsCte::new(vec![unique]).is_err());
 }
+
+/// A failing first statement fails the begin, and leaves the connection in an aborted transaction
+/// that only closing it ends (which is why the web service closes such connections).
+#[tokio::test]
+async fn a_begin_whose_first_statement_fails_reports_it() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let mut conn = db.pool.acquire().await.unwrap();
+    let err = client
+        .begin_on_with(&mut conn, "SELECT 1 / 0")
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("division by zero"), "{err}");
+    let (status,): (String,) = sqlx::query_as("SELECT 'usable'")
+        .fetch_one(&mut *conn)
+        .await
+        .map(|r: (String,)| r)
+        .unwrap_or_else(|e| (e.to_string(),));
+    assert!(status.contains("aborted"), "{status}");
+    conn.close_on_drop();
+}

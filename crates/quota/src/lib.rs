@@ -8,7 +8,8 @@
 //! - [`Quota::check`]: the check inside the caller's transaction, serialized per user, giving a
 //!   [`Grant`] (with the user's tier, for routing); [`Grant::reserve`] inserts the reservation,
 //!   linked to the job inserted in that transaction. [`Quota::check_many`] and
-//!   [`Quota::reserve_many`] do the same for a batch in a constant number of statements.
+//!   [`Quota::reserve_many`] do the same for a batch in a constant number of statements;
+//!   [`CheckPlan`] gives a caller its parts to send inside statements of its own.
 //!   [`Quota::reserve`] +
 //!   [`Reservation::attach_job`] is the same in ADR-21's order (reserve first, link later).
 //! - [`QuotaHook`]: a queue transition hook that bills a completed job exactly once and releases
@@ -30,8 +31,9 @@ pub use error::{QuotaError, QuotaExceeded};
 pub use hook::{HookEffect, QuotaHook, end_reservations};
 pub use period::{BillingCycle, BillingPeriod};
 pub use store::{
-    CleanupReport, EventUsage, Grant, Quota, RESERVATIONS_CTE_PARAMS, Reservation, UserUsage,
-    active_reservations, bind_reservations, cleanup, release, reservations_cte,
+    CheckPlan, CleanupReport, EventUsage, Grant, Quota, RESERVATIONS_CTE_PARAMS, Reservation,
+    STANDINGS_CTE_PARAMS, StandingRow, UserUsage, active_reservations, bind_reservations, cleanup,
+    release, reservations_cte, standings_cte,
 };
 
 /// The event types usage is counted in: the same names as the services (`analysis`, `specview`).

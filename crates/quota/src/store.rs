@@ -9,7 +9,8 @@
 //! snapshot (READ COMMITTED) already contains whatever the previous lock holder committed. Within
 //! one check of many requests, each grant counts for the later ones ([`Ledger`]). The
 //! reservation and job inserts commit together with the caller's transaction, and the locks are
-//! held until then.
+//! held until then. [`CheckPlan`] hands the same steps to a caller that sends them inside
+//! statements of its own.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -216,13 +217,15 @@ impl Quota {
             .unwrap_or(Err(QuotaError::UnknownUser(user_id)))
     }
 
-    /// [`Quota::check`] for many requests at once, in three statements whatever their number:
-    /// the users' rows are locked (in id order, so concurrent batches cannot deadlock), their
-    /// standings are read by a new statement, and the requests are decided in the given order,
-    /// each allowed one counting as reserved for the later ones of the same user and event type
-    /// ([`Ledger`]). The outer error is a database failure; the inner ones are per request
-    /// (quota exceeded, unknown user). Every grant is valid only if the caller reserves it in
-    /// this transaction — all of them or, if some are dropped, the later grants over-count.
+    /// [`Quota::check`] for many requests at once, in two statements whatever their number:
+    /// the users' rows are locked (in id order, so concurrent batches cannot deadlock), then a
+    /// new statement reads their tiers and standings, and the requests are decided in the given
+    /// order, each allowed one counting as reserved for the later ones of the same user and
+    /// event type ([`Ledger`]). The outer error is a database failure; the inner ones are per
+    /// request (quota exceeded, unknown user). Every grant is valid only if the caller reserves
+    /// it in this transaction — all of them or, if some are dropped, the later grants
+    /// over-count. [`CheckPlan`] is the same check for callers that send its two statements
+    /// inside statements of their own.
     pub async fn check_many(
         &self,
         conn: &mut PgConnection,
@@ -232,30 +235,79 @@ impl Quota {
         if requests.is_empty() {
             return Ok(Vec::new());
         }
-        let period = self.period(now);
-        let tiers = lock_users(conn, requests.iter().map(|(user, _)| *user)).await?;
-        let mut pairs: Vec<(Uuid, Service)> = requests
-            .iter()
-            .filter(|(user, _)| tiers.contains_key(user))
-            .copied()
-            .collect();
+        let plan = self.plan(requests.iter().copied(), now);
+        sqlx::query("SELECT 1 FROM users WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE")
+            .bind(&plan.users)
+            .execute(&mut *conn)
+            .await?;
+        let mut args = PgArguments::default();
+        plan.bind_standings(&mut args)?;
+        let sql = format!(
+            "WITH {} SELECT ord, tier, used, reserved FROM quota_standing",
+            standings_cte(1)
+        );
+        let rows: Vec<StandingRow> = sqlx::query_as_with(sqlx::AssertSqlSafe(sql), args)
+            .fetch_all(&mut *conn)
+            .await?;
+        self.decide(&plan, &rows, requests)
+    }
+
+    /// The [`CheckPlan`] for requests of these (user, event type) pairs (repeats allowed) at
+    /// `now`.
+    pub fn plan(
+        &self,
+        requests: impl IntoIterator<Item = (Uuid, Service)>,
+        now: DateTime<Utc>,
+    ) -> CheckPlan {
+        let mut pairs: Vec<(Uuid, Service)> = requests.into_iter().collect();
         pairs.sort_unstable_by_key(|(user, event)| (*user, event.as_str()));
         pairs.dedup();
-        let standings = standings(conn, &pairs, period, |user, event| {
-            self.config
-                .limit(event, tiers.get(&user).copied().unwrap_or(Tier::Free))
-        })
-        .await?;
+        let mut users: Vec<Uuid> = pairs.iter().map(|(user, _)| *user).collect();
+        users.dedup();
+        CheckPlan {
+            users,
+            pairs,
+            period: self.period(now),
+        }
+    }
+
+    /// Decides `requests` in order against the standings `rows` read for `plan` (see
+    /// [`CheckPlan`] for when they must have been read). The outer error is a row that does not
+    /// belong to the plan; the inner ones are per request. A request whose pair is not in the
+    /// plan, or whose user does not exist, is an unknown user.
+    pub fn decide(
+        &self,
+        plan: &CheckPlan,
+        rows: &[StandingRow],
+        requests: &[(Uuid, Service)],
+    ) -> Result<Vec<Result<Grant, QuotaError>>, QuotaError> {
+        let mut tiers: HashMap<Uuid, Tier> = HashMap::new();
+        let mut standings = Vec::with_capacity(rows.len());
+        for row in rows {
+            let &(user, event) = usize::try_from(row.ord - 1)
+                .ok()
+                .and_then(|i| plan.pairs.get(i))
+                .ok_or(QuotaError::Database(sqlx::Error::RowNotFound))?;
+            // No tier: the user does not exist, so neither does a standing to decide against.
+            let Some(tier) = &row.tier else { continue };
+            let tier = Tier::resolve(Some(tier));
+            tiers.insert(user, tier);
+            let standing = Standing {
+                used: row.used,
+                reserved: row.reserved,
+                limit: self.config.limit(event, tier),
+            };
+            standings.push(((user, event), standing));
+        }
         let mut ledger = Ledger::new(standings);
-        let outcomes = requests
+        Ok(requests
             .iter()
             .map(|&(user_id, event_type)| {
-                let tier = *tiers
-                    .get(&user_id)
-                    .ok_or(QuotaError::UnknownUser(user_id))?;
                 let requested = self.config.cost(event_type);
-                let (before, decision) = ledger
-                    .take(&(user_id, event_type), requested)
+                let (tier, (before, decision)) = tiers
+                    .get(&user_id)
+                    .copied()
+                    .zip(ledger.take(&(user_id, event_type), requested))
                     .ok_or(QuotaError::UnknownUser(user_id))?;
                 match decision {
                     Decision::Allow { .. } => Ok(Grant {
@@ -263,7 +315,7 @@ impl Quota {
                         tier,
                         event_type,
                         amount: requested,
-                        period,
+                        period: plan.period,
                         before,
                         ttl: self.config.quota_reservation_ttl,
                     }),
@@ -275,12 +327,11 @@ impl Quota {
                         reserved: before.reserved,
                         requested,
                         limit: before.limit,
-                        period,
+                        period: plan.period,
                     })),
                 }
             })
-            .collect();
-        Ok(outcomes)
+            .collect())
     }
 
     /// Counts and logs a refusal.
@@ -340,47 +391,40 @@ impl Quota {
         grant.reserve(conn, None).await
     }
 
-    /// The user's usage of every event type in the period containing `now`.
+    /// The user's usage of every event type in the period containing `now`, read in one
+    /// statement (one snapshot).
     pub async fn usage(
         &self,
         conn: &mut PgConnection,
         user_id: Uuid,
         now: DateTime<Utc>,
     ) -> Result<UserUsage, QuotaError> {
-        let tier: Option<(String,)> = sqlx::query_as("SELECT tier::text FROM users WHERE id = $1")
-            .bind(user_id)
-            .fetch_optional(&mut *conn)
+        let plan = self.plan(Service::ALL.iter().map(|s| (user_id, *s)), now);
+        let mut args = PgArguments::default();
+        plan.bind_standings(&mut args)?;
+        let sql = format!(
+            "WITH {} SELECT ord, tier, used, reserved FROM quota_standing ORDER BY ord",
+            standings_cte(1)
+        );
+        let rows: Vec<StandingRow> = sqlx::query_as_with(sqlx::AssertSqlSafe(sql), args)
+            .fetch_all(&mut *conn)
             .await?;
-        let Some((tier,)) = tier else {
-            return Err(QuotaError::UnknownUser(user_id));
-        };
-        let tier = Tier::resolve(Some(&tier));
-        let period = self.period(now);
-        let pairs: Vec<(Uuid, Service)> = Service::ALL.iter().map(|s| (user_id, *s)).collect();
-        let standings = standings(conn, &pairs, period, |_, event| {
-            self.config.limit(event, tier)
-        })
-        .await?;
-        let events = Service::ALL
+        let tier = rows
+            .first()
+            .and_then(|row| row.tier.as_deref())
+            .ok_or(QuotaError::UnknownUser(user_id))?;
+        let tier = Tier::resolve(Some(tier));
+        let events = plan
+            .pairs
             .iter()
-            .map(|&event_type| {
-                let s = standings
-                    .iter()
-                    .find(|((_, e), _)| *e == event_type)
-                    .map(|(_, s)| *s)
-                    .unwrap_or(Standing {
-                        used: 0,
-                        reserved: 0,
-                        limit: self.config.limit(event_type, tier),
-                    });
-                EventUsage {
-                    event_type,
-                    used: s.used,
-                    reserved: s.reserved,
-                    limit: s.limit,
-                    period_start: period.start,
-                    period_end: period.end,
-                }
+            .zip(&rows)
+            .map(|(&(_, event_type), row)| EventUsage {
+                event_type,
+                used: row.used,
+                reserved: row.reserved,
+                limit: self.config.limit(event_type, tier),
+                period_start: plan.period.start,
+                period_end: plan.period.end,
             })
             .collect();
         Ok(UserUsage {
@@ -410,84 +454,6 @@ impl Reservation {
         }
         Ok(())
     }
-}
-
-/// Locks the users' rows against other reservations (not against foreign-key checks: `NO KEY`),
-/// in id order so that two batches never wait for each other in a cycle, and returns their
-/// tiers, resolved leniently. Unknown users are missing from the map.
-async fn lock_users(
-    conn: &mut PgConnection,
-    users: impl Iterator<Item = Uuid>,
-) -> Result<HashMap<Uuid, Tier>, QuotaError> {
-    let mut ids: Vec<Uuid> = users.collect();
-    ids.sort_unstable();
-    ids.dedup();
-    let rows: Vec<(Uuid, String)> = sqlx::query_as(
-        "SELECT id, tier::text FROM users WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE",
-    )
-    .bind(&ids)
-    .fetch_all(&mut *conn)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(id, tier)| (id, Tier::resolve(Some(&tier))))
-        .collect())
-}
-
-/// The reservations a quota check counts: every linked one (their running total in
-/// `quota_reserved_totals`, kept by triggers), and unlinked ones within their TTL (summed through
-/// a partial index; normally there are none). A linked reservation ends in the same transaction
-/// as its job's final state, so a linked one whose job is final or gone is an orphan of a bug or
-/// a hand edit; counting it until the scheduler's cleanup removes it errs on the safe side (it
-/// can only refuse, never overspend), and spares the check a look-up of every pending job.
-/// Used and reserved units of each (user, event type) pair, read in one statement (one
-/// snapshot: a completion that moves units from reserved to used is seen entirely or not at
-/// all) of constant cost per pair, however many jobs wait; `limit` gives each pair's limit.
-async fn standings(
-    conn: &mut PgConnection,
-    pairs: &[(Uuid, Service)],
-    period: BillingPeriod,
-    limit: impl Fn(Uuid, Service) -> i64,
-) -> Result<Vec<((Uuid, Service), Standing)>, QuotaError> {
-    if pairs.is_empty() {
-        return Ok(Vec::new());
-    }
-    const SQL: &str = "SELECT i.ord, \
-           (SELECT COALESCE(SUM(e.amount), 0)::int8 FROM usage_events e \
-             WHERE e.user_id = i.user_id AND e.event_type = i.event_type \
-               AND e.occurred_at >= $3 AND e.occurred_at < $4), \
-           COALESCE((SELECT t.reserved FROM quota_reserved_totals t \
-                      WHERE t.user_id = i.user_id AND t.event_type = i.event_type), 0) \
-           + (SELECT COALESCE(SUM(r.reserved_amount), 0)::int8 FROM quota_reservations r \
-               WHERE r.user_id = i.user_id AND r.event_type = i.event_type \
-                 AND r.job_id IS NULL AND r.expires_at > now()) \
-         FROM unnest($1::uuid[], $2::text[]::fairlane_usage_event_type[]) \
-              WITH ORDINALITY AS i(user_id, event_type, ord)";
-    let users: Vec<Uuid> = pairs.iter().map(|(u, _)| *u).collect();
-    let events: Vec<&str> = pairs.iter().map(|(_, e)| e.as_str()).collect();
-    let rows: Vec<(i64, i64, i64)> = sqlx::query_as(SQL)
-        .bind(&users)
-        .bind(&events)
-        .bind(period.start)
-        .bind(period.end)
-        .fetch_all(&mut *conn)
-        .await?;
-    rows.into_iter()
-        .map(|(ord, used, reserved)| {
-            let &(user, event) = usize::try_from(ord - 1)
-                .ok()
-                .and_then(|i| pairs.get(i))
-                .ok_or_else(|| QuotaError::Database(sqlx::Error::RowNotFound))?;
-            Ok((
-                (user, event),
-                Standing {
-                    used,
-                    reserved,
-                    limit: limit(user, event),
-                },
-            ))
-        })
-        .collect()
 }
 
 /// Removes the reservation of `job_id` without billing (an explicit cancel outside the queue's
@@ -612,4 +578,107 @@ pub fn bind_reservations(grants: &[&Grant], args: &mut PgArguments) -> Result<()
 
 fn encode_error(e: sqlx::error::BoxDynError) -> QuotaError {
     QuotaError::Database(sqlx::Error::Encode(e))
+}
+
+/// A batch's quota check in parts, for a caller that sends them inside statements of its own to
+/// save round trips (the web service sends the lock with its `BEGIN`, and reads the standings in
+/// its cache look-up). [`Quota::check_many`] is the same check in statements of its own. Made by
+/// [`Quota::plan`].
+///
+/// The order is what keeps the check exact, in one transaction:
+/// 1. [`CheckPlan::lock_sql`] locks the users' rows, held until the transaction ends;
+/// 2. a statement *started after (1) returned* reads [`standings_cte`] bound by
+///    [`CheckPlan::bind_standings`]: under READ COMMITTED its snapshot is taken then, so it sees
+///    everything the previous holder of a lock committed (reading them in the locking statement
+///    would use a snapshot from before the wait);
+/// 3. [`Quota::decide`] decides the requests from those rows;
+/// 4. the grants are reserved in the same transaction ([`reservations_cte`]).
+#[derive(Debug, Clone)]
+pub struct CheckPlan {
+    /// Sorted and distinct: the order rows are locked in.
+    users: Vec<Uuid>,
+    /// Distinct; row `ord` of [`standings_cte`] is the pair at `ord - 1`.
+    pairs: Vec<(Uuid, Service)>,
+    period: BillingPeriod,
+}
+
+impl CheckPlan {
+    /// The statement that locks the users' rows (against other checks, not against foreign-key
+    /// checks: `NO KEY`) in id order, so two batches never wait for each other in a cycle. The
+    /// ids are written in as literals (they are UUIDs, printed by `Uuid`), so it can be sent
+    /// where no parameters can, such as after `BEGIN` in one simple query. Returns no rows.
+    pub fn lock_sql(&self) -> String {
+        let ids: Vec<String> = self.users.iter().map(Uuid::to_string).collect();
+        format!(
+            "SELECT FROM users WHERE id = ANY('{{{}}}'::uuid[]) ORDER BY id FOR NO KEY UPDATE",
+            ids.join(",")
+        )
+    }
+
+    /// Adds the parameters of [`standings_cte`] for this plan, in order, to `args`.
+    pub fn bind_standings(&self, args: &mut PgArguments) -> Result<(), QuotaError> {
+        let users: Vec<Uuid> = self.pairs.iter().map(|(u, _)| *u).collect();
+        let events: Vec<&str> = self.pairs.iter().map(|(_, e)| e.as_str()).collect();
+        args.add(users).map_err(encode_error)?;
+        args.add(events).map_err(encode_error)?;
+        args.add(self.period.start).map_err(encode_error)?;
+        args.add(self.period.end).map_err(encode_error)?;
+        Ok(())
+    }
+
+    pub fn period(&self) -> BillingPeriod {
+        self.period
+    }
+}
+
+/// One row of [`standings_cte`]: a (user, event type) pair of a [`CheckPlan`], by ordinal.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct StandingRow {
+    /// 1-based position of the pair in the plan.
+    pub ord: i64,
+    /// The user's tier as stored; `None` if the user does not exist.
+    pub tier: Option<String>,
+    /// Units billed in the period.
+    pub used: i64,
+    /// Units held by live reservations.
+    pub reserved: i64,
+}
+
+/// The number of parameters [`standings_cte`] uses.
+pub const STANDINGS_CTE_PARAMS: usize = 4;
+
+/// A CTE named `quota_standing` (without the leading `WITH`) with the columns of
+/// [`StandingRow`], one row per pair of a [`CheckPlan`], using parameters `$first` to
+/// `$first + STANDINGS_CTE_PARAMS - 1` bound by [`CheckPlan::bind_standings`].
+///
+/// Reserved units are every linked reservation (their running total in
+/// `quota_reserved_totals`, kept by triggers) plus unlinked ones within their TTL (summed
+/// through a partial index; normally there are none). A linked reservation ends in the same
+/// transaction as its job's final state, so a linked one whose job is final or gone is an orphan
+/// of a bug or a hand edit; counting it until the scheduler's cleanup removes it errs on the
+/// safe side (it can only refuse, never overspend), and spares the check a look-up of every
+/// pending job. One statement reads used and reserved units (one snapshot: a completion that
+/// moves units from reserved to used is seen entirely or not at all), at a constant cost per
+/// pair however many jobs wait.
+pub fn standings_cte(first: usize) -> String {
+    format!(
+        "quota_standing AS ( \
+           SELECT i.ord, u.tier::text AS tier, \
+             (SELECT COALESCE(SUM(e.amount), 0)::int8 FROM usage_events e \
+               WHERE e.user_id = i.user_id AND e.event_type = i.event_type \
+                 AND e.occurred_at >= ${start} AND e.occurred_at < ${end}) AS used, \
+             COALESCE((SELECT t.reserved FROM quota_reserved_totals t \
+                        WHERE t.user_id = i.user_id AND t.event_type = i.event_type), 0) \
+             + (SELECT COALESCE(SUM(r.reserved_amount), 0)::int8 FROM quota_reservations r \
+                 WHERE r.user_id = i.user_id AND r.event_type = i.event_type \
+                   AND r.job_id IS NULL AND r.expires_at > now()) AS reserved \
+           FROM unnest(${users}::uuid[], ${events}::text[]::fairlane_usage_event_type[]) \
+                WITH ORDINALITY AS i(user_id, event_type, ord) \
+           LEFT JOIN users u ON u.id = i.user_id \
+         )",
+        users = first,
+        events = first + 1,
+        start = first + 2,
+        end = first + 3,
+    )
 }

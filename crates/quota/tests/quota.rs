@@ -188,6 +188,88 @@ async fn concurrent_reservations_never_exceed_the_limit() {
     assert_totals_exact(&db.pool).await;
 }
 
+/// The check split as the web service sends it: `BEGIN` and the lock in one simple query, then
+/// the standings in a statement of their own. A check that had to wait for another holder of the
+/// user's lock sees what that holder committed, so the last unit is granted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_check_that_waited_for_the_lock_sees_the_holders_reservation() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let quota = quota();
+    let user = user(&db.pool, "free").await;
+    seed_usage(&db.pool, user, "analysis", 49).await; // limit 50: one unit left
+    let request = [(user, Service::Analysis)];
+
+    // The first holder takes the lock and reserves the last unit, and keeps its transaction open.
+    let mut first_conn = db.pool.acquire().await.unwrap();
+    let plan = quota.plan(request, Utc::now());
+    let mut first = client
+        .begin_on_with(&mut first_conn, &plan.lock_sql())
+        .await
+        .unwrap();
+    let grants = split_check(&quota, &plan, &mut first, &request).await;
+    let grant = grants.into_iter().next().unwrap().unwrap();
+    let args = AnalysisArgs {
+        user_id: Some(user),
+        analysis_id: Uuid::new_v4(),
+        repository: "https://example.com/r.git".into(),
+        git_ref: None,
+    };
+    let job = NewJob::new(select_queue(Service::Analysis, grant.tier, false), &args).unwrap();
+    let inserted = first.insert(job).await.unwrap();
+    grant
+        .reserve(&mut first, Some(inserted.job.id))
+        .await
+        .unwrap();
+
+    // The second check blocks on the lock until the first commits.
+    let second = {
+        let (pool, client, quota) = (db.pool.clone(), client.clone(), quota.clone());
+        tokio::spawn(async move {
+            let mut conn = pool.acquire().await.unwrap();
+            let plan = quota.plan(request, Utc::now());
+            let mut tx = client
+                .begin_on_with(&mut conn, &plan.lock_sql())
+                .await
+                .unwrap();
+            let outcome = split_check(&quota, &plan, &mut tx, &request).await;
+            tx.rollback().await.unwrap();
+            outcome
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !second.is_finished(),
+        "the second check did not wait for the lock"
+    );
+    first.commit().await.unwrap();
+    let outcome = second.await.unwrap();
+    assert!(
+        matches!(&outcome[0], Err(QuotaError::Exceeded(x)) if x.used == 49 && x.reserved == 1),
+        "{outcome:?}"
+    );
+}
+
+/// Reads the standings of `plan` in a statement of its own and decides `requests`.
+async fn split_check(
+    quota: &Quota,
+    plan: &quota::CheckPlan,
+    conn: &mut sqlx::PgConnection,
+    requests: &[(Uuid, Service)],
+) -> Vec<Result<quota::Grant, QuotaError>> {
+    let mut args = sqlx::postgres::PgArguments::default();
+    plan.bind_standings(&mut args).unwrap();
+    let sql = format!(
+        "WITH {} SELECT ord, tier, used, reserved FROM quota_standing",
+        quota::standings_cte(1)
+    );
+    let rows: Vec<quota::StandingRow> = sqlx::query_as_with(sqlx::AssertSqlSafe(sql), args)
+        .fetch_all(&mut *conn)
+        .await
+        .unwrap();
+    quota.decide(plan, &rows, requests).unwrap()
+}
+
 #[tokio::test]
 async fn a_rolled_back_transaction_leaves_no_reservation() {
     let db = TestDb::new().await;

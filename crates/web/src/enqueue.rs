@@ -1,8 +1,12 @@
 //! Enqueueing users' work: the cache look-up, the quota check and reservation, the job and its
-//! record — for every request of a batch ([`crate::batch`]) in one transaction of four
-//! statements (cache, lock, standings, then one statement that writes the jobs, reservations
-//! and records together), however many requests it holds, on a connection kept between batches
-//! ([`crate::held`]).
+//! record — for every request of a batch ([`crate::batch`]) in one transaction of three round
+//! trips and a commit, however many requests it holds, on a connection kept between batches
+//! ([`crate::held`]):
+//! 1. `BEGIN` and the lock of the users' rows ([`quota::CheckPlan::lock_sql`]), one simple
+//!    query;
+//! 2. one statement for the cache look-up and the quota standings, read after the locks are
+//!    held; the requests are then decided in Rust ([`quota::Quota::decide`]);
+//! 3. one statement that writes the jobs, reservations and records together.
 //!
 //! Per request the outcome is what it would be alone: a cache hit (analyses), a refusal
 //! (`quota_exceeded`, decided in arrival order under the users' locks, so the limit holds
@@ -17,7 +21,7 @@ use chrono::Utc;
 use common::{AnalysisArgs, Service, SpecviewArgs, Tier};
 use queue::{JobRow, NewJob};
 use sqlx::postgres::PgArguments;
-use sqlx::{Arguments, PgConnection};
+use sqlx::{Arguments, FromRow, PgConnection, Row};
 use uuid::Uuid;
 
 use crate::batch::{BatchRun, Batcher, Pending};
@@ -262,22 +266,29 @@ impl EnqueueRunner {
         abandoned: impl Fn() -> bool,
     ) -> Result<Vec<Outcome>, BatchError> {
         let now = Utc::now();
-        let mut tx = self.queue.begin_on(conn).await?;
+        let requests: Vec<(Uuid, Service)> = items
+            .iter()
+            .map(|item| (item.user_id, item.service()))
+            .collect();
+        // Every request's user is locked and every pair's standing read, cache hits' too: the
+        // hits are known only from the same statement as the standings, and a few rows more are
+        // cheaper than a round trip more.
+        let plan = self.quota.plan(requests.iter().copied(), now);
+        let mut tx = self.queue.begin_on_with(conn, &plan.lock_sql()).await?;
+        let read = cached_and_standings(&mut tx, items, &plan).await?;
         let mut outcomes: Vec<Option<Outcome>> = items.iter().map(|_| None).collect();
-        for (index, view) in cached(&mut tx, items).await? {
-            outcomes[index] = Some(Ok(Enqueued::Cached(view)));
+        for (index, view) in read.hits {
+            if let Some(outcome) = outcomes.get_mut(index) {
+                *outcome = Some(Ok(Enqueued::Cached(view)));
+            }
         }
         let pending: Vec<usize> = (0..items.len())
             .filter(|&i| outcomes[i].is_none())
             .collect();
-        let requests: Vec<(Uuid, Service)> = pending
-            .iter()
-            .map(|&i| (items[i].user_id, items[i].service()))
-            .collect();
+        let pending_requests: Vec<(Uuid, Service)> = pending.iter().map(|&i| requests[i]).collect();
         let checks = self
             .quota
-            .check_many(&mut tx, &requests, now)
-            .await
+            .decide(&plan, &read.standings, &pending_requests)
             .map_err(crate::quota_problem)?;
         let mut granted = Vec::new();
         let mut jobs = Vec::new();
@@ -312,13 +323,24 @@ impl EnqueueRunner {
     }
 }
 
-/// For each analysis request: the caller's own completed analysis of the repository at the
-/// commit, or else a copy of anyone's (the inventory of a public commit is the same for
-/// everybody) made for the caller in the same statement. Returns (request index, record).
-async fn cached(
+/// What the batch's second statement read: cache hits by request index, and the quota
+/// standings of the batch's plan.
+struct BatchRead {
+    hits: Vec<(usize, AnalysisView)>,
+    standings: Vec<quota::StandingRow>,
+}
+
+/// The batch's second statement, the first after its locks were taken (so its snapshot sees what
+/// earlier lock holders committed, as the quota check needs): the standings of `plan`
+/// ([`quota::standings_cte`]) and, for each analysis request, the caller's own completed
+/// analysis of the repository at the commit, or else a copy of anyone's (the inventory of a
+/// public commit is the same for everybody) made for the caller in the same statement. The two
+/// row sets come back side by side (`FULL JOIN … ON false`), each row filled from one of them.
+async fn cached_and_standings(
     conn: &mut PgConnection,
     items: &[&EnqueueRequest],
-) -> Result<Vec<(usize, AnalysisView)>, sqlx::Error> {
+    plan: &quota::CheckPlan,
+) -> Result<BatchRead, BatchError> {
     let mut ords = Vec::new();
     let mut users = Vec::new();
     let mut repositories = Vec::new();
@@ -339,56 +361,87 @@ async fn cached(
             refs.push(requested_ref.as_deref());
         }
     }
-    if ords.is_empty() {
-        return Ok(Vec::new());
-    }
-    let sql = format!(
-        "WITH input AS ( \
-           SELECT * FROM unnest($1::int8[], $2::uuid[], $3::text[], $4::text[], $5::text[]) \
-                  AS t(ord, user_id, repository, commit, requested_ref) \
-         ), own AS ( \
-           SELECT DISTINCT ON (i.ord) i.ord, a.id AS own_id FROM input i \
-           JOIN analyses a ON a.user_id = i.user_id AND a.repository = i.repository \
-                          AND a.commit = i.commit AND a.state = 'completed' \
-           ORDER BY i.ord, a.completed_at DESC \
-         ), source AS ( \
-           SELECT DISTINCT ON (i.ord) i.ord, gen_random_uuid() AS copy_id, i.user_id, \
-                  i.repository, i.commit, i.requested_ref, a.id AS source_id, a.result \
-           FROM input i \
-           JOIN analyses a ON a.repository = i.repository AND a.commit = i.commit \
-                          AND a.state = 'completed' AND a.cached_from IS NULL \
-           WHERE NOT EXISTS (SELECT 1 FROM own o WHERE o.ord = i.ord) \
-           ORDER BY i.ord, a.completed_at DESC \
-         ), copied AS ( \
-           INSERT INTO analyses (id, user_id, repository, requested_ref, commit, state, \
-                                 cached_from, result, completed_at) \
-           SELECT copy_id, user_id, repository, requested_ref, commit, 'completed', source_id, \
-                  result, now() FROM source \
-           RETURNING {ANALYSIS_COLUMNS} \
-         ) \
-         SELECT own.ord, {ANALYSIS_COLUMNS} FROM own JOIN analyses ON analyses.id = own.own_id \
-         UNION ALL \
-         SELECT source.ord, copied.* FROM copied JOIN source ON source.copy_id = copied.id"
-    );
-    let rows: Vec<CachedRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-        .bind(&ords)
-        .bind(&users)
-        .bind(&repositories)
-        .bind(&commits)
-        .bind(&refs)
+    let mut args = PgArguments::default();
+    let bound = (|| -> Result<(), sqlx::error::BoxDynError> {
+        args.add(ords)?;
+        args.add(users)?;
+        args.add(repositories)?;
+        args.add(commits)?;
+        args.add(refs)?;
+        Ok(())
+    })();
+    bound.map_err(|e| BatchError::BeforeCommit(Problem::internal(&e)))?;
+    plan.bind_standings(&mut args)
+        .map_err(crate::quota_problem)?;
+    let rows = sqlx::query_with(sqlx::AssertSqlSafe(cached_and_standings_sql()), args)
         .fetch_all(&mut *conn)
         .await?;
-    Ok(rows
-        .into_iter()
-        .filter_map(|r| usize::try_from(r.ord).ok().map(|i| (i, r.view)))
-        .collect())
+    let mut read = BatchRead {
+        hits: Vec::new(),
+        standings: Vec::with_capacity(rows.len()),
+    };
+    for row in rows {
+        match row.try_get::<Option<i64>, _>("standing_ord")? {
+            Some(ord) => read.standings.push(quota::StandingRow {
+                ord,
+                tier: row.try_get("standing_tier")?,
+                used: row.try_get("standing_used")?,
+                reserved: row.try_get("standing_reserved")?,
+            }),
+            None => {
+                let ord: i64 = row.try_get("ord")?;
+                if let Ok(index) = usize::try_from(ord) {
+                    read.hits.push((index, AnalysisView::from_row(&row)?));
+                }
+            }
+        }
+    }
+    Ok(read)
 }
 
-#[derive(sqlx::FromRow)]
-struct CachedRow {
-    ord: i64,
-    #[sqlx(flatten)]
-    view: AnalysisView,
+/// The number of parameters of the cache look-up in [`cached_and_standings_sql`].
+const CACHE_PARAMS: usize = 5;
+
+/// The statement of [`cached_and_standings`], built once: the cache look-up's parameters first,
+/// then the standings'.
+fn cached_and_standings_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| {
+        format!(
+            "WITH input AS ( \
+               SELECT * FROM unnest($1::int8[], $2::uuid[], $3::text[], $4::text[], $5::text[]) \
+                      AS t(ord, user_id, repository, commit, requested_ref) \
+             ), own AS ( \
+               SELECT DISTINCT ON (i.ord) i.ord, a.id AS own_id FROM input i \
+               JOIN analyses a ON a.user_id = i.user_id AND a.repository = i.repository \
+                              AND a.commit = i.commit AND a.state = 'completed' \
+               ORDER BY i.ord, a.completed_at DESC \
+             ), source AS ( \
+               SELECT DISTINCT ON (i.ord) i.ord, gen_random_uuid() AS copy_id, i.user_id, \
+                      i.repository, i.commit, i.requested_ref, a.id AS source_id, a.result \
+               FROM input i \
+               JOIN analyses a ON a.repository = i.repository AND a.commit = i.commit \
+                              AND a.state = 'completed' AND a.cached_from IS NULL \
+               WHERE NOT EXISTS (SELECT 1 FROM own o WHERE o.ord = i.ord) \
+               ORDER BY i.ord, a.completed_at DESC \
+             ), copied AS ( \
+               INSERT INTO analyses (id, user_id, repository, requested_ref, commit, state, \
+                                     cached_from, result, completed_at) \
+               SELECT copy_id, user_id, repository, requested_ref, commit, 'completed', \
+                      source_id, result, now() FROM source \
+               RETURNING {ANALYSIS_COLUMNS} \
+             ), cache_hit AS ( \
+               SELECT own.ord, {ANALYSIS_COLUMNS} FROM own \
+               JOIN analyses ON analyses.id = own.own_id \
+               UNION ALL \
+               SELECT source.ord, copied.* FROM copied JOIN source ON source.copy_id = copied.id \
+             ), {standings} \
+             SELECT s.ord AS standing_ord, s.tier AS standing_tier, s.used AS standing_used, \
+                    s.reserved AS standing_reserved, h.* \
+             FROM quota_standing s FULL JOIN cache_hit h ON false",
+            standings = quota::standings_cte(CACHE_PARAMS + 1),
+        )
+    })
 }
 
 /// Writes the accepted requests in one statement: their jobs ([`queue::JobsCte`]), their

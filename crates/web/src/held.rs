@@ -3,14 +3,17 @@
 //! sqlx tests a connection with a round trip when it leaves the pool and again when it comes
 //! back. A collector runs hundreds of short batches a second one after the other, so those two
 //! pings were two of an enqueue batch's ten round trips (ADR 0009). A collector takes its
-//! connection from here and puts it back only after the connection served a batch without
-//! error; a connection that failed is dropped into the pool, whose check-in test closes it if it
-//! is broken, and the next batch gets a fresh one.
+//! connection from here and gives it back only after the connection served a batch without
+//! error. A connection not given back is closed when dropped, never returned to the pool: an
+//! error may have left it inside a transaction sqlx does not know about (a failed
+//! `BEGIN; …` in one simple query, see `queue::Client::begin_on_with`), and the next batch gets
+//! a fresh one.
 
+use std::ops::{Deref, DerefMut};
 use std::sync::Mutex;
 
 use sqlx::pool::PoolConnection;
-use sqlx::{PgPool, Postgres};
+use sqlx::{PgConnection, PgPool, Postgres};
 
 /// At most this many connections stay held (one per concurrently running batch is enough).
 const MOST_HELD: usize = 16;
@@ -22,6 +25,36 @@ pub struct HeldConnections {
     idle: Mutex<Vec<PoolConnection<Postgres>>>,
 }
 
+/// A connection taken from [`HeldConnections`]: given back with [`HeldConnections::keep`], or
+/// else closed when dropped.
+#[derive(Debug)]
+pub struct Held(Option<PoolConnection<Postgres>>);
+
+impl Deref for Held {
+    type Target = PgConnection;
+    fn deref(&self) -> &PgConnection {
+        self.0
+            .as_deref()
+            .unwrap_or_else(|| unreachable!("a Held has its connection until drop"))
+    }
+}
+
+impl DerefMut for Held {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        self.0
+            .as_deref_mut()
+            .unwrap_or_else(|| unreachable!("a Held has its connection until drop"))
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.as_mut() {
+            conn.close_on_drop();
+        }
+    }
+}
+
 impl HeldConnections {
     pub fn new(pool: PgPool) -> Self {
         HeldConnections {
@@ -31,17 +64,19 @@ impl HeldConnections {
     }
 
     /// A held connection, or one from the pool if none is idle.
-    pub async fn take(&self) -> Result<PoolConnection<Postgres>, sqlx::Error> {
+    pub async fn take(&self) -> Result<Held, sqlx::Error> {
         let held = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        match held {
-            Some(conn) => Ok(conn),
-            None => self.pool.acquire().await,
-        }
+        let conn = match held {
+            Some(conn) => conn,
+            None => self.pool.acquire().await?,
+        };
+        Ok(Held(Some(conn)))
     }
 
     /// Keeps `conn` for the next batch. Call only when it just served one without error (a
     /// committed or rolled-back transaction), so that it is idle and alive.
-    pub fn keep(&self, conn: PoolConnection<Postgres>) {
+    pub fn keep(&self, mut conn: Held) {
+        let Some(conn) = conn.0.take() else { return };
         if self.pool.is_closed() {
             return;
         }
@@ -49,5 +84,66 @@ impl HeldConnections {
         if idle.len() < MOST_HELD {
             idle.push(conn);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::time::Duration;
+
+    use super::*;
+
+    async fn backend_pid(conn: &mut PgConnection) -> i32 {
+        let (pid,): (i32,) = sqlx::query_as("SELECT pg_backend_pid()")
+            .fetch_one(conn)
+            .await
+            .unwrap();
+        pid
+    }
+
+    async fn is_connected(pool: &PgPool, pid: i32) -> bool {
+        let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
+            .bind(pid)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        n > 0
+    }
+
+    #[tokio::test]
+    async fn a_kept_connection_is_reused_and_one_not_kept_is_closed() {
+        let db = testkit::TestDb::new().await;
+        let held = HeldConnections::new(db.pool.clone());
+
+        let mut conn = held.take().await.unwrap();
+        let kept = backend_pid(&mut conn).await;
+        held.keep(conn);
+        let mut conn = held.take().await.unwrap();
+        assert_eq!(backend_pid(&mut conn).await, kept);
+
+        // Left inside an aborted transaction sqlx does not track, then dropped: closed, not
+        // pooled.
+        sqlx::raw_sql("BEGIN; SELECT 1 / 0")
+            .execute(&mut *conn)
+            .await
+            .unwrap_err();
+        drop(conn);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while is_connected(&db.pool, kept).await {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the connection stayed open"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let mut fresh = held.take().await.unwrap();
+        assert_ne!(backend_pid(&mut fresh).await, kept);
+        let (ok,): (i32,) = sqlx::query_as("SELECT 1")
+            .fetch_one(&mut *fresh)
+            .await
+            .unwrap();
+        assert_eq!(ok, 1);
     }
 }
