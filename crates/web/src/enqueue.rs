@@ -192,25 +192,20 @@ impl BatchRun for EnqueueRunner {
                     return;
                 }
                 Err(BatchError::Abandoned) => continue,
-                Err(BatchError::AtCommit(problem)) => {
-                    for pending in batch {
-                        pending.answer(Err(problem.clone()));
-                    }
-                    return;
-                }
-                Err(BatchError::BeforeCommit(problem)) if batch.len() == 1 => {
-                    for pending in batch {
-                        pending.answer(Err(problem.clone()));
-                    }
-                    return;
-                }
-                Err(BatchError::BeforeCommit(_)) => {
+                Err(BatchError::BeforeCommit(_)) if batch.len() > 1 => {
                     tracing::warn!(
                         requests = batch.len(),
                         "an enqueue batch failed before committing; retrying its requests one by one"
                     );
                     for pending in batch {
                         self.run_alone(pending).await;
+                    }
+                    return;
+                }
+                // Alone, or at the commit (whose effect is unknown): the problem is the answer.
+                Err(BatchError::AtCommit(problem) | BatchError::BeforeCommit(problem)) => {
+                    for pending in batch {
+                        pending.answer(Err(problem.clone()));
                     }
                     return;
                 }
