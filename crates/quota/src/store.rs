@@ -240,15 +240,7 @@ impl Quota {
             .bind(&plan.users)
             .execute(&mut *conn)
             .await?;
-        let mut args = PgArguments::default();
-        plan.bind_standings(&mut args)?;
-        let sql = format!(
-            "WITH {} SELECT ord, tier, used, reserved FROM quota_standing",
-            standings_cte(1)
-        );
-        let rows: Vec<StandingRow> = sqlx::query_as_with(sqlx::AssertSqlSafe(sql), args)
-            .fetch_all(&mut *conn)
-            .await?;
+        let rows = read_standings(conn, &plan).await?;
         self.decide(&plan, &rows, requests)
     }
 
@@ -400,15 +392,7 @@ impl Quota {
         now: DateTime<Utc>,
     ) -> Result<UserUsage, QuotaError> {
         let plan = self.plan(Service::ALL.iter().map(|s| (user_id, *s)), now);
-        let mut args = PgArguments::default();
-        plan.bind_standings(&mut args)?;
-        let sql = format!(
-            "WITH {} SELECT ord, tier, used, reserved FROM quota_standing ORDER BY ord",
-            standings_cte(1)
-        );
-        let rows: Vec<StandingRow> = sqlx::query_as_with(sqlx::AssertSqlSafe(sql), args)
-            .fetch_all(&mut *conn)
-            .await?;
+        let rows = read_standings(conn, &plan).await?;
         let tier = rows
             .first()
             .and_then(|row| row.tier.as_deref())
@@ -454,6 +438,22 @@ impl Reservation {
         }
         Ok(())
     }
+}
+
+/// The standings of `plan` in a statement of their own, in the plan's order.
+async fn read_standings(
+    conn: &mut PgConnection,
+    plan: &CheckPlan,
+) -> Result<Vec<StandingRow>, QuotaError> {
+    let mut args = PgArguments::default();
+    plan.bind_standings(&mut args)?;
+    let sql = format!(
+        "WITH {} SELECT ord, tier, used, reserved FROM quota_standing ORDER BY ord",
+        standings_cte(1)
+    );
+    Ok(sqlx::query_as_with(sqlx::AssertSqlSafe(sql), args)
+        .fetch_all(&mut *conn)
+        .await?)
 }
 
 /// Removes the reservation of `job_id` without billing (an explicit cancel outside the queue's

@@ -61,6 +61,17 @@ async fn assert_totals_exact(pool: &PgPool) {
     assert!(drift.is_empty(), "totals drifted: {drift:?}");
 }
 
+/// An analysis job of `user`, in the lane of `tier`.
+fn analysis_job(user: Uuid, tier: Tier) -> NewJob {
+    let args = AnalysisArgs {
+        user_id: Some(user),
+        analysis_id: Uuid::new_v4(),
+        repository: "https://example.com/r.git".into(),
+        git_ref: None,
+    };
+    NewJob::new(select_queue(Service::Analysis, tier, false), &args).unwrap()
+}
+
 fn quota() -> Quota {
     Quota::new(QuotaConfig::default()).unwrap()
 }
@@ -89,14 +100,10 @@ async fn enqueue(
         let grant = quota
             .check(&mut tx, user, Service::Analysis, Utc::now())
             .await?;
-        let args = AnalysisArgs {
-            user_id: Some(user),
-            analysis_id: Uuid::new_v4(),
-            repository: "https://example.com/r.git".into(),
-            git_ref: None,
-        };
-        let job = NewJob::new(select_queue(Service::Analysis, grant.tier, false), &args).unwrap();
-        let inserted = client.insert_tx(&mut tx, job).await.unwrap();
+        let inserted = client
+            .insert_tx(&mut tx, analysis_job(user, grant.tier))
+            .await
+            .unwrap();
         let reservation = grant.reserve(&mut tx, Some(inserted.job.id)).await?;
         assert_eq!(reservation.amount, 1);
         tx.commit().await.unwrap();
@@ -105,18 +112,10 @@ async fn enqueue(
     let reservation = quota
         .reserve(&mut tx, user, Service::Analysis, Utc::now())
         .await?;
-    let args = AnalysisArgs {
-        user_id: Some(user),
-        analysis_id: Uuid::new_v4(),
-        repository: "https://example.com/r.git".into(),
-        git_ref: None,
-    };
-    let job = NewJob::new(
-        select_queue(Service::Analysis, reservation.tier, false),
-        &args,
-    )
-    .unwrap();
-    let inserted = client.insert_tx(&mut tx, job).await.unwrap();
+    let inserted = client
+        .insert_tx(&mut tx, analysis_job(user, reservation.tier))
+        .await
+        .unwrap();
     reservation.attach_job(&mut tx, inserted.job.id).await?;
     tx.commit().await.unwrap();
     Ok(inserted.job.id)
@@ -209,14 +208,7 @@ async fn a_split_check_that_waited_for_the_lock_sees_the_holders_reservation() {
         .unwrap();
     let grants = split_check(&quota, &plan, &mut first, &request).await;
     let grant = grants.into_iter().next().unwrap().unwrap();
-    let args = AnalysisArgs {
-        user_id: Some(user),
-        analysis_id: Uuid::new_v4(),
-        repository: "https://example.com/r.git".into(),
-        git_ref: None,
-    };
-    let job = NewJob::new(select_queue(Service::Analysis, grant.tier, false), &args).unwrap();
-    let inserted = first.insert(job).await.unwrap();
+    let inserted = first.insert(analysis_job(user, grant.tier)).await.unwrap();
     grant
         .reserve(&mut first, Some(inserted.job.id))
         .await
