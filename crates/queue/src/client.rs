@@ -75,29 +75,14 @@ impl Client {
     /// transaction (PostgreSQL serializes notifying commits); [`QueueTx::commit`] wakes the
     /// producers after committing instead.
     pub async fn begin(&self) -> Result<QueueTx<'static>, QueueError> {
-        Ok(QueueTx {
-            tx: self.pool.begin().await?,
-            queues: BTreeSet::new(),
-            waker: Arc::clone(&self.waker),
-        })
+        Ok(self.queue_tx(self.pool.begin().await?))
     }
 
     /// [`Client::begin`] on a connection the caller holds (one it keeps between transactions,
-    /// sparing the pool's check-out and check-in round trips).
-    pub async fn begin_on<'c>(
-        &self,
-        conn: &'c mut PgConnection,
-    ) -> Result<QueueTx<'c>, QueueError> {
-        Ok(QueueTx {
-            tx: sqlx::Connection::begin(conn).await?,
-            queues: BTreeSet::new(),
-            waker: Arc::clone(&self.waker),
-        })
-    }
-
-    /// [`Client::begin_on`] whose first statement is `first`, sent with the `BEGIN` in one
-    /// simple query (one round trip for both): `first` can take no parameters and its rows are
-    /// discarded, so it suits a statement run for its effect, such as taking locks.
+    /// sparing the pool's check-out and check-in round trips), whose first statement is
+    /// `first`, sent with the `BEGIN` in one simple query (one round trip for both): `first` can
+    /// take no parameters and its rows are discarded, so it suits a statement run for its
+    /// effect, such as taking locks.
     ///
     /// If `first` fails, the error is returned and `conn` is left inside an aborted transaction
     /// that sqlx does not track (no rollback is queued): the caller must close the connection
@@ -108,11 +93,15 @@ impl Client {
         first: &str,
     ) -> Result<QueueTx<'c>, QueueError> {
         let statement = sqlx::AssertSqlSafe(format!("BEGIN; {first}"));
-        Ok(QueueTx {
-            tx: sqlx::Connection::begin_with(conn, statement).await?,
+        Ok(self.queue_tx(sqlx::Connection::begin_with(conn, statement).await?))
+    }
+
+    fn queue_tx<'c>(&self, tx: sqlx::Transaction<'c, Postgres>) -> QueueTx<'c> {
+        QueueTx {
+            tx,
             queues: BTreeSet::new(),
             waker: Arc::clone(&self.waker),
-        })
+        }
     }
 
     /// Adds hooks that run in every transaction that moves a job out of `running` or cancels it.

@@ -8,7 +8,7 @@
 //! - [`Quota::check`]: the check inside the caller's transaction, serialized per user, giving a
 //!   [`Grant`] (with the user's tier, for routing); [`Grant::reserve`] inserts the reservation,
 //!   linked to the job inserted in that transaction. [`Quota::check_many`] and
-//!   [`Quota::reserve_many`] do the same for a batch in a constant number of statements;
+//!   [`reservations_cte`] do the same for a batch in a constant number of statements;
 //!   [`CheckPlan`] gives a caller its parts to send inside statements of its own.
 //!   [`Quota::reserve`] +
 //!   [`Reservation::attach_job`] is the same in ADR-21's order (reserve first, link later).

@@ -1,5 +1,5 @@
 //! Reservations and usage in PostgreSQL: [`Quota::check`] / [`Quota::check_many`] with
-//! [`Grant::reserve`] / [`Quota::reserve_many`] inside the caller's transaction,
+//! [`Grant::reserve`] / [`reservations_cte`] inside the caller's transaction,
 //! [`Quota::reserve`] + [`Reservation::attach_job`], [`release`], [`Quota::usage`], [`cleanup`]
 //! and [`active_reservations`].
 //!
@@ -339,34 +339,6 @@ impl Quota {
             tier = x.tier.as_str(), used = x.used, reserved = x.reserved, limit = x.limit,
             "quota exceeded");
         QuotaError::Exceeded(Box::new(x))
-    }
-
-    /// Inserts the reservations of many grants (from one [`Quota::check_many`]), each linked to
-    /// the job inserted for it in the same transaction, in one statement.
-    pub async fn reserve_many(
-        &self,
-        conn: &mut PgConnection,
-        grants: &[(Grant, JobId)],
-    ) -> Result<(), QuotaError> {
-        if grants.is_empty() {
-            return Ok(());
-        }
-        let mut args = PgArguments::default();
-        let only_grants: Vec<&Grant> = grants.iter().map(|(g, _)| g).collect();
-        bind_reservations(&only_grants, &mut args)?;
-        let jobs: Vec<JobId> = grants.iter().map(|(_, job)| *job).collect();
-        args.add(&jobs).map_err(encode_error)?;
-        let sql = format!(
-            "WITH job AS (SELECT * FROM unnest(${}::int8[]) WITH ORDINALITY AS j(id, ord)), {} \
-             SELECT count(*) FROM quota_reserved",
-            RESERVATIONS_CTE_PARAMS + 1,
-            reservations_cte("job", 1)
-        );
-        let (inserted,): (i64,) = sqlx::query_as_with(sqlx::AssertSqlSafe(sql), args)
-            .fetch_one(&mut *conn)
-            .await?;
-        tracing::debug!(reservations = inserted, "quota reserved");
-        Ok(())
     }
 
     /// [`Quota::check`] and [`Grant::reserve`] without a job: the reservation is inserted now and
