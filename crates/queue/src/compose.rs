@@ -19,8 +19,31 @@ use sqlx::postgres::PgArguments;
 use crate::error::QueueError;
 use crate::insert::NewJob;
 
+/// `unnest($first::t1[], $first+1::t2[], …)` over one array parameter per entry of `types`,
+/// numbered from `$first`: a statement's parameters listed once, by type, with their numbers
+/// derived (the next part of the statement starts at `first + types.len()`).
+pub fn unnest_params(first: usize, types: &[&str]) -> String {
+    let params: Vec<String> = (first..)
+        .zip(types)
+        .map(|(n, ty)| format!("${n}::{ty}[]"))
+        .collect();
+    format!("unnest({})", params.join(", "))
+}
+
+/// The element types of [`JobsCte::sql`]'s parameters, in [`JobsCte::bind`]'s order: kind,
+/// queue, args, priority, max attempts, scheduled at, metadata.
+const JOBS_CTE_TYPES: [&str; 7] = [
+    "text",
+    "text",
+    "jsonb",
+    "int2",
+    "int2",
+    "timestamptz",
+    "jsonb",
+];
+
 /// The number of parameters [`JobsCte::sql`] uses.
-pub const JOBS_CTE_PARAMS: usize = 7;
+pub const JOBS_CTE_PARAMS: usize = JOBS_CTE_TYPES.len();
 
 /// Jobs to insert within a caller's statement. Unique keys are not supported (a conflict would
 /// leave a sibling row without its job); use [`crate::insert::insert_many`] for unique jobs.
@@ -68,12 +91,10 @@ impl JobsCte {
     /// The two CTEs (without the leading `WITH`), using parameters `$first` to
     /// `$first + JOBS_CTE_PARAMS - 1`.
     pub fn sql(first: usize) -> String {
-        let p = |i: usize| first + i;
         format!(
             "fairlane_new_job AS ( \
                SELECT nextval(pg_get_serial_sequence('fairlane_job', 'id')) AS id, t.* \
-               FROM unnest(${}::text[], ${}::text[], ${}::jsonb[], ${}::int2[], ${}::int2[], \
-                           ${}::timestamptz[], ${}::jsonb[]) \
+               FROM {jobs} \
                     WITH ORDINALITY AS t(kind, queue, args, priority, max_attempts, \
                                          scheduled_at, metadata, ord) \
              ), fairlane_inserted_job AS ( \
@@ -88,13 +109,7 @@ impl JobsCte {
                FROM fairlane_new_job n ORDER BY n.ord \
                RETURNING * \
              )",
-            p(0),
-            p(1),
-            p(2),
-            p(3),
-            p(4),
-            p(5),
-            p(6)
+            jobs = unnest_params(first, &JOBS_CTE_TYPES),
         )
     }
 
@@ -109,5 +124,29 @@ impl JobsCte {
         args.add(self.scheduled).map_err(bind)?;
         args.add(self.metadata).map_err(bind)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unnest_params_numbers_one_array_parameter_per_type_from_first() {
+        assert_eq!(
+            unnest_params(3, &["uuid", "text", "int8"]),
+            "unnest($3::uuid[], $4::text[], $5::int8[])"
+        );
+        assert_eq!(unnest_params(1, &["jsonb"]), "unnest($1::jsonb[])");
+    }
+
+    #[test]
+    fn the_jobs_cte_uses_exactly_its_parameters() {
+        let sql = JobsCte::sql(4);
+        assert!(
+            sql.contains("$4::text[]") && sql.contains("$10::jsonb[]"),
+            "{sql}"
+        );
+        assert!(!sql.contains("$3") && !sql.contains("$11"), "{sql}");
     }
 }

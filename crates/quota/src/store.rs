@@ -501,8 +501,12 @@ pub async fn active_reservations(
     Ok(counts)
 }
 
+/// The element types of [`reservations_cte`]'s parameters, in [`bind_reservations`]'s order:
+/// reservation id, user, event type, amount, time to live in seconds.
+const RESERVATIONS_CTE_TYPES: [&str; 5] = ["uuid", "uuid", "text", "int4", "float8"];
+
 /// The number of parameters [`reservations_cte`] uses.
-pub const RESERVATIONS_CTE_PARAMS: usize = 5;
+pub const RESERVATIONS_CTE_PARAMS: usize = RESERVATIONS_CTE_TYPES.len();
 
 /// The reservations of many grants as a data-modifying CTE named `quota_reserved` (without the
 /// leading `WITH`), for a statement that also inserts their jobs: the `i`-th grant (1-based) is
@@ -517,16 +521,11 @@ pub fn reservations_cte(jobs: &str, first: usize) -> String {
                                            expires_at) \
            SELECT t.id, t.user_id, t.event_type::fairlane_usage_event_type, t.amount, j.id, \
                   now() + make_interval(secs => t.ttl) \
-           FROM unnest(${}::uuid[], ${}::uuid[], ${}::text[], ${}::int4[], ${}::float8[]) \
-                WITH ORDINALITY AS t(id, user_id, event_type, amount, ttl, ord) \
+           FROM {grants} WITH ORDINALITY AS t(id, user_id, event_type, amount, ttl, ord) \
            JOIN {jobs} j ON j.ord = t.ord \
            RETURNING id \
          )",
-        first,
-        first + 1,
-        first + 2,
-        first + 3,
-        first + 4
+        grants = queue::compose::unnest_params(first, &RESERVATIONS_CTE_TYPES),
     )
 }
 

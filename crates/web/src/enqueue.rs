@@ -394,8 +394,9 @@ async fn cached_and_standings(
     Ok(read)
 }
 
-/// The number of parameters of the cache look-up in [`cached_and_standings_sql`].
-const CACHE_PARAMS: usize = 5;
+/// The element types of the cache look-up's parameters in [`cached_and_standings_sql`], in
+/// [`cached_and_standings`]'s order: request ordinal, user, repository, commit, requested ref.
+const CACHE_TYPES: [&str; 5] = ["int8", "uuid", "text", "text", "text"];
 
 /// The statement of [`cached_and_standings`], built once: the cache look-up's parameters first,
 /// then the standings'.
@@ -404,8 +405,7 @@ fn cached_and_standings_sql() -> &'static str {
     SQL.get_or_init(|| {
         format!(
             "WITH input AS ( \
-               SELECT * FROM unnest($1::int8[], $2::uuid[], $3::text[], $4::text[], $5::text[]) \
-                      AS t(ord, user_id, repository, commit, requested_ref) \
+               SELECT * FROM {requests} AS t(ord, user_id, repository, commit, requested_ref) \
              ), own AS ( \
                SELECT DISTINCT ON (i.ord) i.ord, a.id AS own_id FROM input i \
                JOIN analyses a ON a.user_id = i.user_id AND a.repository = i.repository \
@@ -434,7 +434,8 @@ fn cached_and_standings_sql() -> &'static str {
              SELECT s.ord AS standing_ord, s.tier AS standing_tier, s.used AS standing_used, \
                     s.reserved AS standing_reserved, h.* \
              FROM quota_standing s FULL JOIN cache_hit h ON false",
-            standings = quota::standings_cte(CACHE_PARAMS + 1),
+            requests = queue::compose::unnest_params(1, &CACHE_TYPES),
+            standings = quota::standings_cte(1 + CACHE_TYPES.len()),
         )
     })
 }
@@ -516,6 +517,14 @@ async fn insert_accepted(
         .await?)
 }
 
+/// The element types of the analysis records' parameters in [`accepted_sql`], in
+/// [`insert_accepted`]'s order: id, user, repository, requested ref, commit, job ordinal.
+const ANALYSIS_RECORD_TYPES: [&str; 6] = ["uuid", "uuid", "text", "text", "text", "int8"];
+
+/// The element types of the specview records' parameters in [`accepted_sql`], in
+/// [`insert_accepted`]'s order: id, user, analysis, job ordinal.
+const SPECVIEW_RECORD_TYPES: [&str; 4] = ["uuid", "uuid", "uuid", "int8"];
+
 /// The whole statement of [`insert_accepted`], built once: the jobs' and the reservations'
 /// CTEs, then the analysis and specview records, each linked to the job drawn for it, and the
 /// jobs in input order. The records' parameters follow the other two parts'.
@@ -523,37 +532,63 @@ fn accepted_sql() -> &'static str {
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SQL.get_or_init(|| {
         let reservations = 1 + queue::compose::JOBS_CTE_PARAMS;
-        let first = reservations + quota::RESERVATIONS_CTE_PARAMS;
-        let p = |i: usize| first + i;
+        let analyses = reservations + quota::RESERVATIONS_CTE_PARAMS;
+        let specviews = analyses + ANALYSIS_RECORD_TYPES.len();
         format!(
             "WITH {jobs}, {reserved}, analysis_record AS ( \
                INSERT INTO analyses (id, user_id, repository, requested_ref, commit, job_id) \
                SELECT t.id, t.user_id, t.repository, t.requested_ref, t.commit, j.id \
-               FROM unnest(${}::uuid[], ${}::uuid[], ${}::text[], ${}::text[], ${}::text[], \
-                           ${}::int8[]) \
-                    AS t(id, user_id, repository, requested_ref, commit, job_ord) \
+               FROM {analysis_rows} AS t(id, user_id, repository, requested_ref, commit, job_ord) \
                JOIN fairlane_new_job j ON j.ord = t.job_ord \
              ), specview_record AS ( \
                INSERT INTO specviews (id, user_id, analysis_id, job_id) \
                SELECT t.id, t.user_id, t.analysis_id, j.id \
-               FROM unnest(${}::uuid[], ${}::uuid[], ${}::uuid[], ${}::int8[]) \
-                    AS t(id, user_id, analysis_id, job_ord) \
+               FROM {specview_rows} AS t(id, user_id, analysis_id, job_ord) \
                JOIN fairlane_new_job j ON j.ord = t.job_ord \
              ) \
              SELECT j.* FROM fairlane_inserted_job j JOIN fairlane_new_job n USING (id) \
              ORDER BY n.ord",
-            p(0),
-            p(1),
-            p(2),
-            p(3),
-            p(4),
-            p(5),
-            p(6),
-            p(7),
-            p(8),
-            p(9),
+            analysis_rows = queue::compose::unnest_params(analyses, &ANALYSIS_RECORD_TYPES),
+            specview_rows = queue::compose::unnest_params(specviews, &SPECVIEW_RECORD_TYPES),
             jobs = queue::JobsCte::sql(1),
             reserved = quota::reservations_cte("fairlane_new_job", reservations),
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The placeholders `$1`… a statement uses, sorted and distinct.
+    fn placeholders(sql: &str) -> Vec<usize> {
+        let mut found: Vec<usize> = sql
+            .split('$')
+            .skip(1)
+            .filter_map(|rest| {
+                let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                digits.parse().ok()
+            })
+            .collect();
+        found.sort_unstable();
+        found.dedup();
+        found
+    }
+
+    #[test]
+    fn the_statements_use_every_parameter_their_parts_bind_and_no_other() {
+        let accepted = queue::compose::JOBS_CTE_PARAMS
+            + quota::RESERVATIONS_CTE_PARAMS
+            + ANALYSIS_RECORD_TYPES.len()
+            + SPECVIEW_RECORD_TYPES.len();
+        assert_eq!(
+            placeholders(accepted_sql()),
+            (1..=accepted).collect::<Vec<_>>()
+        );
+        let read = CACHE_TYPES.len() + quota::STANDINGS_CTE_PARAMS;
+        assert_eq!(
+            placeholders(cached_and_standings_sql()),
+            (1..=read).collect::<Vec<_>>()
+        );
+    }
 }
