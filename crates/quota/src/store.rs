@@ -236,8 +236,7 @@ impl Quota {
             return Ok(Vec::new());
         }
         let plan = self.plan(requests.iter().copied(), now);
-        sqlx::query("SELECT 1 FROM users WHERE id = ANY($1) ORDER BY id FOR NO KEY UPDATE")
-            .bind(&plan.users)
+        sqlx::raw_sql(sqlx::AssertSqlSafe(plan.lock_sql()))
             .execute(&mut *conn)
             .await?;
         let rows = read_standings(conn, &plan).await?;

@@ -201,12 +201,7 @@ async fn a_split_check_that_waited_for_the_lock_sees_the_holders_reservation() {
 
     // The first holder takes the lock and reserves the last unit, and keeps its transaction open.
     let mut first_conn = db.pool.acquire().await.unwrap();
-    let plan = quota.plan(request, Utc::now());
-    let mut first = client
-        .begin_on_with(&mut first_conn, &plan.lock_sql())
-        .await
-        .unwrap();
-    let grants = split_check(&quota, &plan, &mut first, &request).await;
+    let (mut first, grants) = split_check(&client, &quota, &mut first_conn, &request).await;
     let grant = grants.into_iter().next().unwrap().unwrap();
     let inserted = first.insert(analysis_job(user, grant.tier)).await.unwrap();
     grant
@@ -219,12 +214,7 @@ async fn a_split_check_that_waited_for_the_lock_sees_the_holders_reservation() {
         let (pool, client, quota) = (db.pool.clone(), client.clone(), quota.clone());
         tokio::spawn(async move {
             let mut conn = pool.acquire().await.unwrap();
-            let plan = quota.plan(request, Utc::now());
-            let mut tx = client
-                .begin_on_with(&mut conn, &plan.lock_sql())
-                .await
-                .unwrap();
-            let outcome = split_check(&quota, &plan, &mut tx, &request).await;
+            let (tx, outcome) = split_check(&client, &quota, &mut conn, &request).await;
             tx.rollback().await.unwrap();
             outcome
         })
@@ -242,13 +232,16 @@ async fn a_split_check_that_waited_for_the_lock_sees_the_holders_reservation() {
     );
 }
 
-/// Reads the standings of `plan` in a statement of its own and decides `requests`.
-async fn split_check(
+/// Begins a transaction on `conn` with the lock of `requests`' users, as the web service does,
+/// then reads their standings in a statement of its own and decides `requests`.
+async fn split_check<'c>(
+    client: &Client,
     quota: &Quota,
-    plan: &quota::CheckPlan,
-    conn: &mut sqlx::PgConnection,
+    conn: &'c mut sqlx::PgConnection,
     requests: &[(Uuid, Service)],
-) -> Vec<Result<quota::Grant, QuotaError>> {
+) -> (queue::QueueTx<'c>, Vec<Result<quota::Grant, QuotaError>>) {
+    let plan = quota.plan(requests.iter().copied(), Utc::now());
+    let mut tx = client.begin_on_with(conn, &plan.lock_sql()).await.unwrap();
     let mut args = sqlx::postgres::PgArguments::default();
     plan.bind_standings(&mut args).unwrap();
     let sql = format!(
@@ -256,10 +249,11 @@ async fn split_check(
         quota::standings_cte(1)
     );
     let rows: Vec<quota::StandingRow> = sqlx::query_as_with(sqlx::AssertSqlSafe(sql), args)
-        .fetch_all(&mut *conn)
+        .fetch_all(&mut *tx)
         .await
         .unwrap();
-    quota.decide(plan, &rows, requests).unwrap()
+    let grants = quota.decide(&plan, &rows, requests).unwrap();
+    (tx, grants)
 }
 
 #[tokio::test]
