@@ -357,15 +357,13 @@ async fn cached_and_standings(
         }
     }
     let mut args = PgArguments::default();
-    let bound = (|| -> Result<(), sqlx::error::BoxDynError> {
+    bind(&mut args, |args| {
         args.add(ords)?;
         args.add(users)?;
         args.add(repositories)?;
         args.add(commits)?;
-        args.add(refs)?;
-        Ok(())
-    })();
-    bound.map_err(|e| BatchError::BeforeCommit(Problem::internal(&e)))?;
+        args.add(refs)
+    })?;
     plan.bind_standings(&mut args)
         .map_err(crate::quota_problem)?;
     let rows = sqlx::query_with(sqlx::AssertSqlSafe(cached_and_standings_sql()), args)
@@ -392,6 +390,15 @@ async fn cached_and_standings(
         }
     }
     Ok(read)
+}
+
+/// Adds parameters to `args` with `add`; a value that cannot be encoded is an internal problem,
+/// found before anything was sent.
+fn bind(
+    args: &mut PgArguments,
+    add: impl FnOnce(&mut PgArguments) -> Result<(), sqlx::error::BoxDynError>,
+) -> Result<(), BatchError> {
+    add(args).map_err(|e| BatchError::BeforeCommit(Problem::internal(&e)))
 }
 
 /// The element types of the cache look-up's parameters in [`cached_and_standings_sql`], in
@@ -498,7 +505,7 @@ async fn insert_accepted(
     jobs.bind(&mut args)?;
     let grants: Vec<&quota::Grant> = granted.iter().map(|(_, g)| g).collect();
     quota::bind_reservations(&grants, &mut args).map_err(crate::quota_problem)?;
-    let bound = (|| -> Result<(), sqlx::error::BoxDynError> {
+    bind(&mut args, |args| {
         args.add(a_ids)?;
         args.add(a_users)?;
         args.add(a_repositories)?;
@@ -508,10 +515,8 @@ async fn insert_accepted(
         args.add(s_ids)?;
         args.add(s_users)?;
         args.add(s_analyses)?;
-        args.add(s_ords)?;
-        Ok(())
-    })();
-    bound.map_err(|e| BatchError::BeforeCommit(Problem::internal(&e)))?;
+        args.add(s_ords)
+    })?;
     Ok(tx
         .insert_composed(accepted_sql().to_owned(), args, expected)
         .await?)
