@@ -9,7 +9,6 @@
 
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::print_stderr)]
 
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -74,7 +73,10 @@ async fn main() {
     );
     println!("| measurement | result |\n|---|---|");
 
-    let pgbench = pgbench_insert_rate().await;
+    let pgbench = match testkit::bench::PgbenchTarget::new().await.run(10).await {
+        Ok(tps) => format!("{tps:.0} rows/s"),
+        Err(e) => e,
+    };
     println!("| pgbench single-row INSERT (8 clients, 10 s) | {pgbench} |");
 
     // Bulk insert (COPY) and batched INSERT … unnest.
@@ -255,47 +257,6 @@ async fn table_health(pool: &sqlx::PgPool) -> (i64, i64, i64) {
     .fetch_one(pool)
     .await
     .unwrap()
-}
-
-/// Runs pgbench with a one-row INSERT script against a scratch table; returns "N rows/s".
-async fn pgbench_insert_rate() -> String {
-    let db = TestDb::new().await;
-    sqlx::query("CREATE TABLE pgbench_insert_target (id bigserial PRIMARY KEY, payload text)")
-        .execute(&db.pool)
-        .await
-        .unwrap();
-    let script = std::env::temp_dir().join(format!("fairlane-pgbench-{}.sql", std::process::id()));
-    std::fs::write(
-        &script,
-        "INSERT INTO pgbench_insert_target (payload) VALUES ('x');\n",
-    )
-    .unwrap();
-    let output = Command::new("pgbench")
-        .args(["-n", "-c", "8", "-j", "2", "-T", "10", "-f"])
-        .arg(&script)
-        .arg(libpq_url(&db.url()))
-        .output();
-    let _ = std::fs::remove_file(&script);
-    match output {
-        Ok(out) if out.status.success() => {
-            let text = String::from_utf8_lossy(&out.stdout);
-            text.lines()
-                .find_map(|l| l.trim().strip_prefix("tps = "))
-                .and_then(|rest| rest.split_whitespace().next())
-                .map(|tps| format!("{tps} rows/s"))
-                .unwrap_or_else(|| "pgbench printed no tps".into())
-        }
-        Ok(out) => format!(
-            "pgbench failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ),
-        Err(e) => format!("pgbench not available: {e}"),
-    }
-}
-
-/// sqlx adds its own parameters to URLs; libpq tools refuse them.
-fn libpq_url(url: &str) -> String {
-    url.split('?').next().unwrap_or(url).to_owned()
 }
 
 async fn seq_scans(pool: &sqlx::PgPool) -> (i64, i64) {

@@ -4,6 +4,7 @@
 //! Connection settings come from `DATABASE_URL` (a server URL; the database part is replaced) or
 //! default to `postgres://postgres@127.0.0.1:5432/postgres`. `cargo xtask test` sets them.
 
+pub mod bench;
 pub mod git_fixture;
 pub mod process;
 

@@ -1,13 +1,17 @@
 //! `cargo bench -p web --bench web`: the HTTP API under load, next to the machine's pgbench
-//! single-row INSERT rate measured in the same run. Prints a markdown table; every number comes
+//! single-row INSERT rate measured in the same run. Prints markdown tables; every number comes
 //! from this run.
 //!
 //! - `POST /v1/analyses` (authenticated, a new commit per request so nothing is cached, quota
-//!   plenty): 32 concurrent clients over 100 users; requests/s, p50, p99.
+//!   plenty): 32 concurrent clients over 100 users; requests/s, p50, p99. It takes turns with
+//!   pgbench for `BENCH_ROUNDS` rounds (default 3), so that each round's ratio compares the
+//!   two on the machine as it was then; the summary gives the median ratio. A shared virtual
+//!   machine's speed drifts by minutes, and the CPU time its host took away ("stolen", from
+//!   `/proc/stat`) is printed for every `POST` phase.
 //! - `GET /v1/jobs/{id}` (authenticated, trivial): the same load without rate limiting and with
 //!   the Redis rate limiter (one rule per request), alternated twice.
 //!
-//! `BENCH_SECONDS` (default 10) sets each phase's length; `BENCH_BATCH_CONCURRENCY` overrides
+//! `BENCH_SECONDS` (default 10) sets each phase's length, pgbench's included; `BENCH_BATCH_CONCURRENCY` overrides
 //! `ENQUEUE_BATCH_CONCURRENCY` (to compare settings); `BENCH_POST_ONLY=1` skips the `GET`
 //! phases; Redis from `REDIS_URL`. Each write phase starts after a `CHECKPOINT`.
 
@@ -19,7 +23,6 @@
 )]
 
 use std::net::SocketAddr;
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -31,6 +34,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use testkit::TestDb;
+use testkit::bench::{CpuShare, CpuTimes, PgbenchTarget, checkpoint};
 use tokio_util::sync::CancellationToken;
 use web::WebConfig;
 
@@ -163,13 +167,9 @@ fn row(case: &str, l: &Load) -> String {
 
 #[tokio::main]
 async fn main() {
-    let seconds: u64 = std::env::var("BENCH_SECONDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10);
-    println!("| case | requests | requests/s | p50 | p99 | errors |");
-    println!("|---|---:|---:|---:|---:|---:|");
-    let pgbench = pgbench_insert_rate().await;
+    let seconds: u64 = env_number("BENCH_SECONDS").unwrap_or(10).max(1);
+    let rounds: u64 = env_number("BENCH_ROUNDS").unwrap_or(3).max(1);
+    let pgbench = PgbenchTarget::new().await;
 
     let db = TestDb::new().await;
     let mut keys = Vec::new();
@@ -181,70 +181,173 @@ async fn main() {
     }
     let keys = Arc::new(keys);
 
-    // POST /v1/analyses.
+    // pgbench and POST /v1/analyses take turns, so that both sides of each round's ratio see
+    // the machine in the same state.
     let (addr, stop) = server(base_config(&db)).await;
-    checkpoint(&db.pool).await;
     let counter = Arc::new(AtomicU64::new(0));
-    let post = {
-        let keys = Arc::clone(&keys);
-        let counter = Arc::clone(&counter);
-        load(seconds, 202, move |c, n| {
-            let commit = counter.fetch_add(1, Ordering::Relaxed);
-            let key = &keys[(c * 7919 + n as usize) % USERS];
-            let body = format!(
-                "{{\"repository\":\"https://github.com/fairlane-bench/repo.git\",\"ref\":\"{commit:040x}\"}}"
-            );
-            Request::builder()
-                .method(Method::POST)
-                .uri(format!("http://{addr}/v1/analyses"))
-                .header("authorization", format!("Bearer {key}"))
-                .header("content-type", "application/json")
-                .body(Full::new(Bytes::from(body)))
-                .unwrap()
-        })
-        .await
-    };
-    println!(
-        "{}",
-        row(
-            &format!("POST /v1/analyses, {CLIENTS} clients, {USERS} users"),
-            &post
-        )
-    );
+    let mut results = Vec::new();
+    for _ in 0..rounds {
+        let cpu_before = CpuTimes::read();
+        let pgbench_run = pgbench.run(seconds).await;
+        let pgbench_cpu = CpuShare::since(cpu_before);
+        checkpoint(&db.pool).await;
+        let cpu_before = CpuTimes::read();
+        let (own_before, postgres_before) = testkit::cpu_seconds();
+        let post = post_phase(addr, &keys, &counter, seconds).await;
+        let (own_after, postgres_after) = testkit::cpu_seconds();
+        let post_cpu = CpuShare::since(cpu_before);
+        let per_request = |seconds: f64| seconds * 1e6 / post.requests.max(1) as f64;
+        results.push(Round {
+            pgbench: pgbench_run,
+            pgbench_cpu,
+            post_cpu,
+            web_us_per_request: per_request(own_after - own_before),
+            postgres_us_per_request: per_request(postgres_after - postgres_before),
+            post,
+        });
+    }
     stop.cancel();
     // GET /v1/jobs/{id} without and with the Redis rate limiter.
-    let ratio = if std::env::var_os("BENCH_POST_ONLY").is_some() {
+    let get = if std::env::var_os("BENCH_POST_ONLY").is_some() {
         None
     } else {
         Some(get_phases(&db, &keys, seconds).await)
     };
 
-    println!();
-    println!("| reference | value |");
-    println!("|---|---|");
-    println!("| pgbench single-row INSERT (8 clients, 10 s) | {pgbench} |");
-    if let Some(tps) = pgbench
-        .split_whitespace()
-        .next()
-        .and_then(|t| t.parse::<f64>().ok())
-    {
+    println!(
+        "| round | pgbench single-row INSERT (8 clients) | POST /v1/analyses ({CLIENTS} clients, {USERS} users) | p50 | p99 | errors | POST ÷ pgbench | CPU during pgbench | CPU during POST | CPU per POST: web and clients / PostgreSQL |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---|---|---|");
+    let mut ratios = Vec::new();
+    for (i, round) in results.iter().enumerate() {
+        let post = &round.post;
+        let ratio = round.pgbench.as_ref().ok().map(|tps| post.rps() / tps);
+        ratios.extend(ratio);
         println!(
-            "| POST /v1/analyses ÷ pgbench | {:.2} (target ≥ 0.5) |",
-            post.rps() / tps
+            "| {} | {} | {:.0} req/s | {:.2} ms | {:.2} ms | {} | {} | {} | {} | {:.0} µs / {:.0} µs |",
+            i + 1,
+            match &round.pgbench {
+                Ok(tps) => format!("{tps:.0} rows/s"),
+                Err(e) => e.clone(),
+            },
+            post.rps(),
+            post.percentile(0.50),
+            post.percentile(0.99),
+            post.errors,
+            ratio.map_or_else(|| "—".into(), |r| format!("{r:.2}")),
+            round
+                .pgbench_cpu
+                .as_ref()
+                .map_or_else(|| "—".into(), CpuShare::to_string),
+            round
+                .post_cpu
+                .as_ref()
+                .map_or_else(|| "—".into(), CpuShare::to_string),
+            round.web_us_per_request,
+            round.postgres_us_per_request,
         );
     }
-    println!(
-        "| POST /v1/analyses p99 | {:.2} ms (target < 50 ms) |",
-        post.percentile(0.99)
-    );
-    if let Some(ratio) = ratio {
-        println!("| GET with Redis limiter ÷ without | {ratio:.2} (target ≥ 0.70) |");
+    if let Some((without, with)) = &get {
+        println!();
+        println!("| case | requests | requests/s | p50 | p99 | errors |");
+        println!("|---|---:|---:|---:|---:|---:|");
+        for (name, runs) in [
+            ("without rate limiting", without),
+            ("with the Redis rate limiter", with),
+        ] {
+            for (i, l) in runs.iter().enumerate() {
+                println!(
+                    "{}",
+                    row(&format!("GET /v1/jobs/{{id}} {name} (run {})", i + 1), l)
+                );
+            }
+        }
+    }
+
+    println!();
+    println!("| summary | value |");
+    println!("|---|---|");
+    if let Some(median) = median(&mut ratios) {
+        let listed: Vec<String> = ratios.iter().map(|r| format!("{r:.2}")).collect();
+        println!(
+            "| POST /v1/analyses ÷ pgbench, median of {} round{} | {median:.2} (each: {}; target ≥ 0.5) |",
+            ratios.len(),
+            if ratios.len() == 1 { "" } else { "s" },
+            listed.join(", ")
+        );
+    } else {
+        println!("| POST /v1/analyses ÷ pgbench | — (pgbench gave no rate) |");
+    }
+    let worst_p99 = results
+        .iter()
+        .map(|round| round.post.percentile(0.99))
+        .fold(0.0, f64::max);
+    println!("| POST /v1/analyses p99, worst round | {worst_p99:.2} ms (target < 50 ms) |");
+    if let Some((without, with)) = &get {
+        let mean = |runs: &[Load]| runs.iter().map(Load::rps).sum::<f64>() / runs.len() as f64;
+        println!(
+            "| GET with Redis limiter ÷ without | {:.2} (target ≥ 0.70) |",
+            mean(with) / mean(without)
+        );
     }
 }
 
-/// `GET /v1/jobs/{id}` without and with the Redis rate limiter, alternated twice; prints each
-/// run and returns the ratio of the mean rates.
-async fn get_phases(db: &TestDb, keys: &Arc<Vec<String>>, seconds: u64) -> f64 {
+/// One round: pgbench, then `POST /v1/analyses`, with the machine's CPU use during each and
+/// the CPU time each request cost this process (server and clients) and all of PostgreSQL.
+struct Round {
+    pgbench: Result<f64, String>,
+    pgbench_cpu: Option<CpuShare>,
+    post: Load,
+    post_cpu: Option<CpuShare>,
+    web_us_per_request: f64,
+    postgres_us_per_request: f64,
+}
+
+fn env_number(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+/// The middle value (the mean of the two middle ones for an even count); sorts `values`.
+fn median(values: &mut [f64]) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(values[n / 2]),
+        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
+    }
+}
+
+/// One `POST /v1/analyses` phase: every request names a commit never used before, so nothing
+/// is served from the cache.
+async fn post_phase(
+    addr: SocketAddr,
+    keys: &Arc<Vec<String>>,
+    counter: &Arc<AtomicU64>,
+    seconds: u64,
+) -> Load {
+    let keys = Arc::clone(keys);
+    let counter = Arc::clone(counter);
+    load(seconds, 202, move |c, n| {
+        let commit = counter.fetch_add(1, Ordering::Relaxed);
+        let key = &keys[(c * 7919 + n as usize) % USERS];
+        let body = format!(
+            "{{\"repository\":\"https://github.com/fairlane-bench/repo.git\",\"ref\":\"{commit:040x}\"}}"
+        );
+        Request::builder()
+            .method(Method::POST)
+            .uri(format!("http://{addr}/v1/analyses"))
+            .header("authorization", format!("Bearer {key}"))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap()
+    })
+    .await
+}
+
+/// `GET /v1/jobs/{id}` without and with the Redis rate limiter, alternated twice; returns the
+/// runs without and with it.
+async fn get_phases(db: &TestDb, keys: &Arc<Vec<String>>, seconds: u64) -> (Vec<Load>, Vec<Load>) {
     let jobs: Vec<(i64, String)> = sqlx::query_as(
         "SELECT j.id, k.id FROM fairlane_job j JOIN api_keys k ON k.user_id = j.user_id \
          ORDER BY j.id LIMIT 1000",
@@ -296,70 +399,8 @@ async fn get_phases(db: &TestDb, keys: &Arc<Vec<String>>, seconds: u64) -> f64 {
         without.push(load(half, 200, get(plain)).await);
         with.push(load(half, 200, get(limited)).await);
     }
-    for (name, runs) in [
-        ("without rate limiting", &without),
-        ("with the Redis rate limiter", &with),
-    ] {
-        for (i, l) in runs.iter().enumerate() {
-            println!(
-                "{}",
-                row(&format!("GET /v1/jobs/{{id}} {name} (run {})", i + 1), l)
-            );
-        }
-    }
-    let mean = |runs: &[Load]| runs.iter().map(Load::rps).sum::<f64>() / runs.len() as f64;
-    let ratio = mean(&with) / mean(&without);
     stop_plain.cancel();
     stop_limited.cancel();
     let _ = std::fs::remove_file(&rules);
-    ratio
-}
-
-/// Forces a checkpoint so that each write phase starts from the same state: a checkpoint that
-/// happens to begin during one phase (PostgreSQL starts them by time and WAL volume) makes the
-/// next write of every page carry a full-page image, which can cost that phase a third of its
-/// rate and made runs differ by that much.
-async fn checkpoint(pool: &sqlx::PgPool) {
-    if let Err(e) = sqlx::query("CHECKPOINT").execute(pool).await {
-        eprintln!("CHECKPOINT failed ({e}); the numbers may vary more between runs");
-    }
-}
-
-/// Runs pgbench with a one-row INSERT script against a scratch table; returns "N rows/s".
-async fn pgbench_insert_rate() -> String {
-    let db = TestDb::new().await;
-    sqlx::query("CREATE TABLE pgbench_insert_target (id bigserial PRIMARY KEY, payload text)")
-        .execute(&db.pool)
-        .await
-        .unwrap();
-    checkpoint(&db.pool).await;
-    let script =
-        std::env::temp_dir().join(format!("fairlane-web-pgbench-{}.sql", std::process::id()));
-    std::fs::write(
-        &script,
-        "INSERT INTO pgbench_insert_target (payload) VALUES ('x');\n",
-    )
-    .unwrap();
-    // sqlx adds its own `?…` parameters to URLs; libpq tools refuse them.
-    let url = db.url();
-    let url = url.split('?').next().unwrap_or(&url).to_owned();
-    let output = Command::new("pgbench")
-        .args(["-n", "-c", "8", "-j", "2", "-T", "10", "-f"])
-        .arg(&script)
-        .arg(url)
-        .output();
-    let _ = std::fs::remove_file(&script);
-    match output {
-        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("tps = "))
-            .and_then(|rest| rest.split_whitespace().next())
-            .map(|tps| format!("{tps} rows/s"))
-            .unwrap_or_else(|| "pgbench printed no tps".into()),
-        Ok(out) => format!(
-            "pgbench failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ),
-        Err(e) => format!("pgbench not available: {e}"),
-    }
+    (without, with)
 }

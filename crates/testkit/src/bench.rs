@@ -1,0 +1,181 @@
+//! Helpers the benchmarks share: the machine's pgbench single-row INSERT rate as a reference, a
+//! checkpoint before write phases, and how the machine's CPU time was spent during a phase.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use sqlx::PgPool;
+
+use crate::TestDb;
+
+/// A scratch database and script for pgbench's one-row INSERT transactions.
+pub struct PgbenchTarget {
+    db: TestDb,
+    script: PathBuf,
+}
+
+impl PgbenchTarget {
+    pub async fn new() -> PgbenchTarget {
+        let db = TestDb::new().await;
+        sqlx::query("CREATE TABLE pgbench_insert_target (id bigserial PRIMARY KEY, payload text)")
+            .execute(&db.pool)
+            .await
+            .expect("creating pgbench's table");
+        let script = std::env::temp_dir().join(format!(
+            "fairlane-pgbench-{}-{}.sql",
+            std::process::id(),
+            db.name
+        ));
+        std::fs::write(
+            &script,
+            "INSERT INTO pgbench_insert_target (payload) VALUES ('x');\n",
+        )
+        .expect("writing pgbench's script");
+        PgbenchTarget { db, script }
+    }
+
+    /// Runs pgbench (8 clients, 2 threads) for `seconds` after a checkpoint: its rate in
+    /// transactions of one row per second, or why there is none.
+    pub async fn run(&self, seconds: u64) -> Result<f64, String> {
+        checkpoint(&self.db.pool).await;
+        let output = Command::new("pgbench")
+            .args(["-n", "-c", "8", "-j", "2", "-T", &seconds.to_string(), "-f"])
+            .arg(&self.script)
+            .arg(libpq_url(&self.db.url()))
+            .output();
+        match output {
+            Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("tps = "))
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|tps| tps.parse().ok())
+                .ok_or_else(|| "pgbench printed no tps".into()),
+            Ok(out) => Err(format!(
+                "pgbench failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )),
+            Err(e) => Err(format!("pgbench not available: {e}")),
+        }
+    }
+}
+
+impl Drop for PgbenchTarget {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.script);
+    }
+}
+
+/// sqlx adds its own parameters to URLs; libpq tools refuse them.
+fn libpq_url(url: &str) -> String {
+    url.split('?').next().unwrap_or(url).to_owned()
+}
+
+/// Forces a checkpoint so that each write phase starts from the same state: a checkpoint that
+/// happens to begin during a phase (PostgreSQL starts them by time and WAL volume) makes the
+/// next write of every page carry a full-page image, which can cost that phase a third of its
+/// rate.
+#[allow(clippy::print_stderr)] // benchmarks report to the terminal
+pub async fn checkpoint(pool: &PgPool) {
+    if let Err(e) = sqlx::query("CHECKPOINT").execute(pool).await {
+        eprintln!("CHECKPOINT failed ({e}); the numbers may vary more between runs");
+    }
+}
+
+/// The machine's CPU time counters from the first line of `/proc/stat` (Linux), in ticks.
+#[derive(Debug, Clone, Copy)]
+pub struct CpuTimes {
+    idle: u64,
+    steal: u64,
+    total: u64,
+}
+
+impl CpuTimes {
+    /// The counters now (none where `/proc/stat` cannot be read).
+    pub fn read() -> Option<CpuTimes> {
+        CpuTimes::parse(&std::fs::read_to_string("/proc/stat").ok()?)
+    }
+
+    fn parse(stat: &str) -> Option<CpuTimes> {
+        let fields: Vec<u64> = stat
+            .lines()
+            .next()?
+            .strip_prefix("cpu ")?
+            .split_whitespace()
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .ok()?;
+        // user nice system idle iowait irq softirq steal; guest time is already in user.
+        let field = |i: usize| fields.get(i).copied().unwrap_or(0);
+        Some(CpuTimes {
+            idle: field(3) + field(4),
+            steal: field(7),
+            total: (0..8).map(field).sum(),
+        })
+    }
+}
+
+/// How the machine's CPU time was spent between two readings, in per cent of all CPUs' time.
+/// "Stolen" is time the virtual machine's host gave to others: on a shared host it comes and
+/// goes by the minute and slows every phase it falls in.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CpuShare {
+    pub busy: f64,
+    pub idle: f64,
+    pub stolen: f64,
+}
+
+impl CpuShare {
+    pub fn between(before: CpuTimes, after: CpuTimes) -> CpuShare {
+        let total = after.total.saturating_sub(before.total).max(1) as f64;
+        let idle = after.idle.saturating_sub(before.idle) as f64 * 100.0 / total;
+        let stolen = after.steal.saturating_sub(before.steal) as f64 * 100.0 / total;
+        CpuShare {
+            busy: 100.0 - idle - stolen,
+            idle,
+            stolen,
+        }
+    }
+
+    /// The share from `before` until now (none where `/proc/stat` cannot be read).
+    pub fn since(before: Option<CpuTimes>) -> Option<CpuShare> {
+        Some(CpuShare::between(before?, CpuTimes::read()?))
+    }
+}
+
+impl std::fmt::Display for CpuShare {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "busy {:.0} %, idle {:.0} %, stolen {:.0} %",
+            self.busy, self.idle, self.stolen
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_share_splits_the_ticks_between_two_readings() {
+        let before = CpuTimes::parse("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3\n").unwrap();
+        // +60 user, +10 system, +20 idle, +0 iowait, +10 steal = 100 ticks.
+        let after = CpuTimes::parse("cpu  160 0 60 820 50 0 0 10 0 0\n").unwrap();
+        let share = CpuShare::between(before, after);
+        assert_eq!(
+            share,
+            CpuShare {
+                busy: 70.0,
+                idle: 20.0,
+                stolen: 10.0
+            }
+        );
+        assert_eq!(share.to_string(), "busy 70 %, idle 20 %, stolen 10 %");
+    }
+
+    #[test]
+    fn unreadable_stat_lines_give_no_times() {
+        assert!(CpuTimes::parse("intr 1 2 3\n").is_none());
+        assert!(CpuTimes::parse("cpu  1 x 3\n").is_none());
+    }
+}
