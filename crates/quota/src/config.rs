@@ -89,6 +89,15 @@ impl QuotaConfig {
                 "QUOTA_ANALYSIS_COST and QUOTA_SPECVIEW_COST must be at least 1".into(),
             ));
         }
+        // A reservation stores its amount in a PostgreSQL `integer`.
+        if i32::try_from(self.quota_analysis_cost).is_err()
+            || i32::try_from(self.quota_specview_cost).is_err()
+        {
+            return Err(InvalidQuotaConfig(format!(
+                "QUOTA_ANALYSIS_COST and QUOTA_SPECVIEW_COST must be at most {}",
+                i32::MAX
+            )));
+        }
         if self.quota_reservation_ttl.is_zero() {
             return Err(InvalidQuotaConfig(
                 "QUOTA_RESERVATION_TTL must be longer than zero".into(),
@@ -150,5 +159,20 @@ mod tests {
             ..QuotaConfig::default()
         };
         assert!(c.validate().unwrap_err().to_string().contains("COST"));
+    }
+
+    #[test]
+    fn a_cost_a_reservation_cannot_hold_is_refused() {
+        let c = QuotaConfig {
+            quota_analysis_cost: u32::try_from(i32::MAX).unwrap() + 1,
+            ..QuotaConfig::default()
+        };
+        let message = c.validate().unwrap_err().to_string();
+        assert!(message.contains("at most 2147483647"), "{message}");
+        let c = QuotaConfig {
+            quota_analysis_cost: u32::try_from(i32::MAX).unwrap(),
+            ..QuotaConfig::default()
+        };
+        assert!(c.validate().is_ok());
     }
 }

@@ -104,7 +104,7 @@ impl Grant {
         )
         .bind(self.user_id)
         .bind(self.event_type.as_str())
-        .bind(i32::try_from(self.amount).unwrap_or(i32::MAX))
+        .bind(reserved_amount(self.amount)?)
         .bind(job_id)
         .bind(self.ttl.as_secs_f64())
         .bind(Uuid::now_v7())
@@ -535,8 +535,8 @@ pub fn bind_reservations(grants: &[&Grant], args: &mut PgArguments) -> Result<()
     let events: Vec<&str> = grants.iter().map(|g| g.event_type.as_str()).collect();
     let amounts: Vec<i32> = grants
         .iter()
-        .map(|g| i32::try_from(g.amount).unwrap_or(i32::MAX))
-        .collect();
+        .map(|g| reserved_amount(g.amount))
+        .collect::<Result<_, _>>()?;
     let ttls: Vec<f64> = grants.iter().map(|g| g.ttl.as_secs_f64()).collect();
     args.add(ids).map_err(encode_error)?;
     args.add(users).map_err(encode_error)?;
@@ -544,6 +544,15 @@ pub fn bind_reservations(grants: &[&Grant], args: &mut PgArguments) -> Result<()
     args.add(amounts).map_err(encode_error)?;
     args.add(ttls).map_err(encode_error)?;
     Ok(())
+}
+
+/// A grant's amount as the reservation's `integer` column holds it. [`QuotaConfig::validate`]
+/// keeps costs in range; an amount beyond it is refused, never stored smaller.
+///
+/// [`QuotaConfig::validate`]: crate::QuotaConfig::validate
+fn reserved_amount(amount: i64) -> Result<i32, QuotaError> {
+    i32::try_from(amount)
+        .map_err(|_| encode_error(format!("reservation amount {amount} is out of range").into()))
 }
 
 fn encode_error(e: sqlx::error::BoxDynError) -> QuotaError {
@@ -651,4 +660,17 @@ pub fn standings_cte(first: usize) -> String {
         start = first + 2,
         end = first + 3,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserved_amounts_beyond_the_column_are_refused_not_clamped() {
+        assert_eq!(reserved_amount(1).unwrap(), 1);
+        assert_eq!(reserved_amount(i64::from(i32::MAX)).unwrap(), i32::MAX);
+        let error = reserved_amount(i64::from(i32::MAX) + 1).unwrap_err();
+        assert!(error.to_string().contains("out of range"), "{error}");
+    }
 }
