@@ -286,14 +286,15 @@ impl QueueTx<'_> {
 
     /// Runs a statement built around [`crate::compose::JobsCte`] (with `args` bound in its
     /// order) that returns the `expected` inserted jobs in input order, and wakes their
-    /// producers after commit.
+    /// producers after commit. A statement composed at run time is passed as
+    /// [`sqlx::AssertSqlSafe`]; one built once can be a `&'static str`, sent without a copy.
     pub async fn insert_composed(
         &mut self,
-        sql: String,
+        sql: impl sqlx::SqlSafeStr,
         args: PgArguments,
         expected: usize,
     ) -> Result<Vec<JobRow>, QueueError> {
-        let rows: Vec<JobRow> = sqlx::query_as_with(sqlx::AssertSqlSafe(sql), args)
+        let rows: Vec<JobRow> = sqlx::query_as_with(sql, args)
             .fetch_all(&mut *self.tx)
             .await?;
         if rows.len() != expected {

@@ -101,15 +101,14 @@ impl JobsCte {
                INSERT INTO fairlane_job (id, state, kind, queue, args, priority, max_attempts, \
                                          scheduled_at, metadata) \
                OVERRIDING SYSTEM VALUE \
-               SELECT n.id, CASE WHEN n.scheduled_at IS NULL OR n.scheduled_at <= now() \
-                                 THEN 'available'::fairlane_job_state \
-                                 ELSE 'scheduled'::fairlane_job_state END, \
+               SELECT n.id, {state}, \
                       n.kind, n.queue, n.args, n.priority, n.max_attempts, \
                       coalesce(n.scheduled_at, now()), n.metadata \
                FROM fairlane_new_job n ORDER BY n.ord \
                RETURNING * \
              )",
             jobs = unnest_params(first, &JOBS_CTE_TYPES),
+            state = new_job_state_sql!(),
         )
     }
 

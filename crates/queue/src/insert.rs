@@ -159,7 +159,8 @@ fn json_type(v: &Value) -> &'static str {
     }
 }
 
-const INSERT_MANY_SQL: &str = r#"
+const INSERT_MANY_SQL: &str = concat!(
+    r#"
 WITH input AS (
     SELECT *
     FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::int2[], $5::int2[], $6::timestamptz[],
@@ -170,12 +171,13 @@ WITH input AS (
 ins AS (
     INSERT INTO fairlane_job (state, kind, queue, args, priority, max_attempts, scheduled_at,
                               unique_key, metadata)
-    SELECT CASE WHEN i.scheduled_at IS NULL OR i.scheduled_at <= now()
-                THEN 'available'::fairlane_job_state ELSE 'scheduled'::fairlane_job_state END,
-           i.kind, i.queue, i.args, i.priority, i.max_attempts, coalesce(i.scheduled_at, now()),
-           i.unique_key, i.metadata
-    FROM input i
-    ORDER BY i.ord
+    SELECT "#,
+    new_job_state_sql!(),
+    r#",
+           n.kind, n.queue, n.args, n.priority, n.max_attempts, coalesce(n.scheduled_at, now()),
+           n.unique_key, n.metadata
+    FROM input n
+    ORDER BY n.ord
     ON CONFLICT (unique_key)
         WHERE unique_key IS NOT NULL AND state IN ('available', 'scheduled', 'running', 'retryable')
         DO NOTHING
@@ -186,7 +188,8 @@ notified AS (
     FROM (SELECT DISTINCT queue FROM ins WHERE state = 'available' AND $9) d
 )
 SELECT ins.* FROM ins WHERE (SELECT count(*) FROM notified) >= 0 ORDER BY ins.id
-"#;
+"#
+);
 
 const EXISTING_UNIQUE_SQL: &str = "SELECT * FROM fairlane_job \
      WHERE unique_key = ANY($1) AND state IN ('available', 'scheduled', 'running', 'retryable')";

@@ -15,6 +15,17 @@
 //! The schema lives in the workspace's `migrations/` folder; why it looks the way it does is in
 //! `docs/queue-storage.md`.
 
+/// The state a job starts in, in an insert that selects its rows from a source aliased `n`
+/// with a `scheduled_at` column: runnable now unless scheduled for later. One definition for
+/// the insert statements ([`insert::insert_many`], [`compose::JobsCte`]); the binary `COPY`
+/// path decides the same in Rust.
+macro_rules! new_job_state_sql {
+    () => {
+        "CASE WHEN n.scheduled_at IS NULL OR n.scheduled_at <= now() \
+         THEN 'available'::fairlane_job_state ELSE 'scheduled'::fairlane_job_state END"
+    };
+}
+
 pub mod backoff;
 pub mod client;
 mod completer;

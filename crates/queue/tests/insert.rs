@@ -235,7 +235,7 @@ async fn a_composed_statement_links_sibling_rows_to_the_jobs_it_inserts_and_comm
 
     // Rolled back: neither the jobs nor their notes exist.
     let mut tx = client.begin().await.unwrap();
-    tx.insert_composed(sql.clone(), bind(jobs.clone()), 5)
+    tx.insert_composed(sqlx::AssertSqlSafe(sql.clone()), bind(jobs.clone()), 5)
         .await
         .unwrap();
     tx.rollback().await.unwrap();
@@ -257,7 +257,10 @@ async fn a_composed_statement_links_sibling_rows_to_the_jobs_it_inserts_and_comm
 
     // Committed: every note names the job inserted for it, returned in input order.
     let mut tx = client.begin().await.unwrap();
-    let rows = tx.insert_composed(sql, bind(jobs), 5).await.unwrap();
+    let rows = tx
+        .insert_composed(sqlx::AssertSqlSafe(sql), bind(jobs), 5)
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
     for (n, row) in rows.iter().enumerate() {
         assert_eq!(row.args["n"], n);

@@ -517,9 +517,7 @@ async fn insert_accepted(
         args.add(s_analyses)?;
         args.add(s_ords)
     })?;
-    Ok(tx
-        .insert_composed(accepted_sql().to_owned(), args, expected)
-        .await?)
+    Ok(tx.insert_composed(accepted_sql(), args, expected).await?)
 }
 
 /// The element types of the analysis records' parameters in [`accepted_sql`], in
