@@ -6,8 +6,9 @@
 //!   plenty): 32 concurrent clients over 100 users; requests/s, p50, p99. It takes turns with
 //!   pgbench for `BENCH_ROUNDS` rounds (default 3), so that each round's ratio compares the
 //!   two on the machine as it was then; the summary gives the median ratio. A shared virtual
-//!   machine's speed drifts by minutes, and the CPU time its host took away ("stolen", from
-//!   `/proc/stat`) is printed for every `POST` phase.
+//!   machine's speed drifts by minutes, so every phase prints how the machine's CPU was spent
+//!   (from `/proc/stat`), including the time its host took away ("stolen"), and the summary
+//!   counts the phases that lost 5 % or more that way.
 //! - `GET /v1/jobs/{id}` (authenticated, trivial): the same load without rate limiting and with
 //!   the Redis rate limiter (one rule per request), alternated twice.
 //!
@@ -40,6 +41,8 @@ use web::WebConfig;
 
 const CLIENTS: usize = 32;
 const USERS: usize = 100;
+/// Stolen CPU (per cent) from which a phase is flagged in the summary.
+const STOLEN_NOTABLE: f64 = 5.0;
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -56,6 +59,8 @@ struct Load {
     errors: u64,
     seconds: f64,
     latencies_us: Vec<u64>,
+    /// The machine's CPU during the load (none where `/proc/stat` cannot be read).
+    cpu: Option<CpuShare>,
 }
 
 impl Load {
@@ -79,6 +84,7 @@ where
     let errors = Arc::new(AtomicU64::new(0));
     let stop = Instant::now() + Duration::from_secs(seconds);
     let started = Instant::now();
+    let cpu_before = CpuTimes::read();
     let mut tasks = Vec::new();
     for c in 0..CLIENTS {
         let (http, make, errors) = (http.clone(), Arc::clone(&make), Arc::clone(&errors));
@@ -124,6 +130,7 @@ where
         errors: errors.load(Ordering::Relaxed),
         seconds,
         latencies_us,
+        cpu: CpuShare::since(cpu_before),
     }
 }
 
@@ -156,12 +163,13 @@ fn base_config(db: &TestDb) -> WebConfig {
 
 fn row(case: &str, l: &Load) -> String {
     format!(
-        "| {case} | {} | {:.0} | {:.2} ms | {:.2} ms | {} |",
+        "| {case} | {} | {:.0} | {:.2} ms | {:.2} ms | {} | {} |",
         l.requests,
         l.rps(),
         l.percentile(0.50),
         l.percentile(0.99),
-        l.errors
+        l.errors,
+        cpu_column(l.cpu.as_ref()),
     )
 }
 
@@ -191,16 +199,13 @@ async fn main() {
         let pgbench_run = pgbench.run(seconds).await;
         let pgbench_cpu = CpuShare::since(cpu_before);
         checkpoint(&db.pool).await;
-        let cpu_before = CpuTimes::read();
         let (own_before, postgres_before) = testkit::cpu_seconds();
         let post = post_phase(addr, &keys, &counter, seconds).await;
         let (own_after, postgres_after) = testkit::cpu_seconds();
-        let post_cpu = CpuShare::since(cpu_before);
         let per_request = |seconds: f64| seconds * 1e6 / post.requests.max(1) as f64;
         results.push(Round {
             pgbench: pgbench_run,
             pgbench_cpu,
-            post_cpu,
             web_us_per_request: per_request(own_after - own_before),
             postgres_us_per_request: per_request(postgres_after - postgres_before),
             post,
@@ -235,22 +240,16 @@ async fn main() {
             post.percentile(0.99),
             post.errors,
             ratio.map_or_else(|| "—".into(), |r| format!("{r:.2}")),
-            round
-                .pgbench_cpu
-                .as_ref()
-                .map_or_else(|| "—".into(), CpuShare::to_string),
-            round
-                .post_cpu
-                .as_ref()
-                .map_or_else(|| "—".into(), CpuShare::to_string),
+            cpu_column(round.pgbench_cpu.as_ref()),
+            cpu_column(post.cpu.as_ref()),
             round.web_us_per_request,
             round.postgres_us_per_request,
         );
     }
     if let Some((without, with)) = &get {
         println!();
-        println!("| case | requests | requests/s | p50 | p99 | errors |");
-        println!("|---|---:|---:|---:|---:|---:|");
+        println!("| case | requests | requests/s | p50 | p99 | errors | CPU |");
+        println!("|---|---:|---:|---:|---:|---:|---|");
         for (name, runs) in [
             ("without rate limiting", without),
             ("with the Redis rate limiter", with),
@@ -283,6 +282,29 @@ async fn main() {
         .map(|round| round.post.percentile(0.99))
         .fold(0.0, f64::max);
     println!("| POST /v1/analyses p99, worst round | {worst_p99:.2} ms (target < 50 ms) |");
+    let mut phases: Vec<Option<&CpuShare>> = results
+        .iter()
+        .flat_map(|round| [round.pgbench_cpu.as_ref(), round.post.cpu.as_ref()])
+        .collect();
+    if let Some((without, with)) = &get {
+        phases.extend(without.iter().chain(with).map(|l| l.cpu.as_ref()));
+    }
+    let measured = phases.iter().flatten().count();
+    let stolen = phases
+        .iter()
+        .flatten()
+        .filter(|cpu| cpu.stolen >= STOLEN_NOTABLE)
+        .count();
+    if measured > 0 {
+        println!(
+            "| phases with ≥ {STOLEN_NOTABLE:.0} % of the CPU stolen by the host | {stolen} of {measured}{} |",
+            if stolen > 0 {
+                ": their numbers say as much about the host as about Fairlane"
+            } else {
+                ""
+            }
+        );
+    }
     if let Some((without, with)) = &get {
         let mean = |runs: &[Load]| runs.iter().map(Load::rps).sum::<f64>() / runs.len() as f64;
         println!(
@@ -298,9 +320,12 @@ struct Round {
     pgbench: Result<f64, String>,
     pgbench_cpu: Option<CpuShare>,
     post: Load,
-    post_cpu: Option<CpuShare>,
     web_us_per_request: f64,
     postgres_us_per_request: f64,
+}
+
+fn cpu_column(share: Option<&CpuShare>) -> String {
+    share.map_or_else(|| "—".into(), CpuShare::to_string)
 }
 
 fn env_number(name: &str) -> Option<u64> {
