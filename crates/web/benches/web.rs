@@ -12,9 +12,10 @@
 //! - `GET /v1/jobs/{id}` (authenticated, trivial): the same load without rate limiting and with
 //!   the Redis rate limiter (one rule per request), alternated twice.
 //!
-//! `BENCH_SECONDS` (default 10) sets each phase's length, pgbench's included; `BENCH_BATCH_CONCURRENCY` overrides
-//! `ENQUEUE_BATCH_CONCURRENCY` (to compare settings); `BENCH_POST_ONLY=1` skips the `GET`
-//! phases; Redis from `REDIS_URL`. Each write phase starts after a `CHECKPOINT`.
+//! `BENCH_SECONDS` (default 10) sets each phase's length, pgbench's included; `BENCH_ROUNDS`
+//! the number of rounds; `BENCH_BATCH_CONCURRENCY` overrides `ENQUEUE_BATCH_CONCURRENCY` (to
+//! compare settings); `BENCH_POST_ONLY=1` skips the `GET` phases; Redis from `REDIS_URL`. Each
+//! write phase starts after a `CHECKPOINT`.
 
 #![allow(
     clippy::print_stdout,
