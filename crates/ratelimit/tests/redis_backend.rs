@@ -19,7 +19,14 @@ async fn backend(test: &str) -> RedisBackend {
         .expect("redis reachable (REDIS_URL or 127.0.0.1:6379)")
 }
 
-/// Send requests one after another for `span`, with small random pauses; return every
+/// A trace this long, with some denials in it, exercises a script enough.
+const ENOUGH_DECISIONS: usize = 100;
+/// How long a trace may go on to reach that on a slow or busy machine.
+const LONGEST_TRACE: Duration = Duration::from_secs(60);
+
+/// Send requests one after another, with small random pauses, for at least `span` and until the
+/// trace holds more than [`ENOUGH_DECISIONS`] decisions and some denials: a machine that
+/// answers slowly (a busy CI host) gets a longer trace, not a thinner one. Returns every
 /// decision with the server time it was made at.
 async fn sequential_trace(
     backend: &RedisBackend,
@@ -29,8 +36,11 @@ async fn sequential_trace(
 ) -> Vec<ratelimit::BackendDecision> {
     let mut rng = StdRng::seed_from_u64(seed);
     let start = Instant::now();
-    let mut out = Vec::new();
-    while start.elapsed() < span {
+    let mut out: Vec<ratelimit::BackendDecision> = Vec::new();
+    let covered = |out: &[ratelimit::BackendDecision]| {
+        out.len() > ENOUGH_DECISIONS && out.iter().any(|d| !d.verdict.allowed)
+    };
+    while start.elapsed() < span || (!covered(&out) && start.elapsed() < LONGEST_TRACE) {
         out.push(
             backend
                 .decide("{seq}:k", policy)
@@ -49,7 +59,11 @@ async fn script_matches_definition(algorithm: Algorithm, n: u64, burst: u64) {
     let backend = backend(algorithm.as_str()).await;
     let policy = Policy::new(algorithm, Unit::Second, n).with_burst(burst);
     let trace = sequential_trace(&backend, &policy, Duration::from_millis(2_300), n).await;
-    assert!(trace.len() > 100, "only {} requests", trace.len());
+    assert!(
+        trace.len() > ENOUGH_DECISIONS,
+        "only {} requests",
+        trace.len()
+    );
     let mut state = CounterState::fresh(algorithm);
     for (i, d) in trace.iter().enumerate() {
         let expected = decide(&policy, &mut state, d.clock_us);
