@@ -13,8 +13,11 @@ use ratelimit::{
 };
 
 const DEADLINE: Duration = Duration::from_millis(20);
-/// Scheduling slack on a busy 2-core machine; the point is "not blocked", not a benchmark.
-const SLACK: Duration = Duration::from_millis(300);
+/// Scheduling slack on a busy 2-core machine whose host may take a third of the CPU away; the
+/// point is "not blocked" (a hung Redis would hold a request for good), not a benchmark.
+const SLACK: Duration = Duration::from_millis(1_000);
+/// How many fresh keys [`assert_limited_by_redis`] may try.
+const ATTEMPTS: usize = 5;
 
 const RULES: &str = r#"
 domain: failover
@@ -55,17 +58,29 @@ async fn timed_check(limiter: &Limiter, id: &str) -> RateLimitOutcome {
     outcome
 }
 
-/// 3 allowed then denied, all by Redis itself.
+/// 3 allowed then denied, all by Redis itself. A decision that missed the deadline (a stalled
+/// host) is rightly made by the fallback instead, and leaves the key's count unknown; such an
+/// attempt is set aside and the check repeated on a fresh key, up to [`ATTEMPTS`] times.
 async fn assert_limited_by_redis(limiter: &Limiter, id: &str) {
-    for i in 0..4 {
-        let outcome = timed_check(limiter, id).await;
-        assert_eq!(
-            outcome.limits[0].source,
-            DecisionSource::Backend,
-            "request {i}"
-        );
-        assert_eq!(outcome.allowed, i < 3, "request {i}");
+    for attempt in 0..ATTEMPTS {
+        let key = format!("{id}-{attempt}");
+        let mut outcomes = Vec::new();
+        for _ in 0..4 {
+            outcomes.push(timed_check(limiter, &key).await);
+        }
+        if outcomes
+            .iter()
+            .any(|o| o.limits[0].source != DecisionSource::Backend)
+        {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            continue;
+        }
+        for (i, outcome) in outcomes.iter().enumerate() {
+            assert_eq!(outcome.allowed, i < 3, "request {i} for {key}");
+        }
+        return;
     }
+    panic!("no attempt of {ATTEMPTS} was decided by Redis throughout");
 }
 
 async fn wait_for_recovery(limiter: &Limiter) {
@@ -89,6 +104,7 @@ async fn redis_down_falls_back_to_memory_and_recovers() {
     assert_limited_by_redis(&limiter, "before").await;
 
     redis.kill();
+    let before = limiter.stats();
     // The in-memory fallback still limits (per replica): 3 allowed, then denied.
     for i in 0..40 {
         let outcome = timed_check(&limiter, "during").await;
@@ -100,13 +116,14 @@ async fn redis_down_falls_back_to_memory_and_recovers() {
         assert_eq!(outcome.allowed, i < 3, "request {i}");
     }
     let stats = limiter.stats();
-    assert_eq!(stats.fallback_decisions, 40);
+    assert_eq!(stats.fallback_decisions - before.fallback_decisions, 40);
     assert!(
-        stats.backend_errors + stats.backend_timeouts >= 3,
+        stats.backend_errors + stats.backend_timeouts
+            >= before.backend_errors + before.backend_timeouts + 3,
         "{stats:?}"
     );
     assert!(
-        stats.circuit_open_skips > 0,
+        stats.circuit_open_skips > before.circuit_open_skips,
         "the circuit never opened: {stats:?}"
     );
     assert_eq!(stats.failed_open, 0);
@@ -124,6 +141,7 @@ async fn redis_down_fails_open_when_configured_and_recovers() {
     assert_limited_by_redis(&limiter, "before").await;
 
     redis.kill();
+    let before = limiter.stats();
     for i in 0..40 {
         let outcome = timed_check(&limiter, "during").await;
         assert!(outcome.allowed, "request {i} was not let through");
@@ -131,9 +149,12 @@ async fn redis_down_fails_open_when_configured_and_recovers() {
         assert_eq!(outcome.limits[0].source, DecisionSource::None);
     }
     let stats = limiter.stats();
-    assert_eq!(stats.failed_open, 40);
+    assert_eq!(stats.failed_open - before.failed_open, 40);
     assert_eq!(stats.fallback_decisions, 0);
-    assert!(stats.circuit_open_skips > 0, "{stats:?}");
+    assert!(
+        stats.circuit_open_skips > before.circuit_open_skips,
+        "{stats:?}"
+    );
 
     redis.restart();
     wait_for_recovery(&limiter).await;
@@ -152,14 +173,21 @@ async fn a_hung_redis_costs_at_most_the_deadline() {
         .status()
         .expect("kill -STOP");
     assert!(stop.success());
+    let before = limiter.stats();
     for _ in 0..20 {
         let outcome = timed_check(&limiter, "hung").await;
         assert!(outcome.allowed);
         assert_eq!(outcome.limits[0].kind, DecisionKind::FailedOpen);
     }
     let stats = limiter.stats();
-    assert!(stats.backend_timeouts >= 3, "{stats:?}");
-    assert!(stats.circuit_open_skips > 0, "{stats:?}");
+    assert!(
+        stats.backend_timeouts >= before.backend_timeouts + 3,
+        "{stats:?}"
+    );
+    assert!(
+        stats.circuit_open_skips > before.circuit_open_skips,
+        "{stats:?}"
+    );
     let cont = std::process::Command::new("kill")
         .args(["-CONT", &pid.to_string()])
         .status()

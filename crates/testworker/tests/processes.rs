@@ -104,7 +104,17 @@ async fn twenty_thousand_jobs_on_four_processes_complete_exactly_once() {
     let client = Client::new(db.pool.clone());
     let jobs: Vec<NewJob> = (0..20_000).map(|_| record(0, false)).collect();
     client.insert_bulk(&jobs).await.unwrap();
-    let config = engine(|_| {});
+    // Liveness as in production (the defaults). With this file's test timings (rescue after
+    // 2 s, hand-back after 1 s), a host that stalls the processes for two seconds makes live
+    // workers look dead, and their jobs run again: the at-least-once path (ADR 0002), which
+    // the kill tests cover. Here no process dies, so every job must run exactly once.
+    let defaults = EngineConfig::default();
+    let config = engine(|c| {
+        c.heartbeat_interval = defaults.heartbeat_interval;
+        c.rescue_after = defaults.rescue_after;
+        c.rescue_interval = defaults.rescue_interval;
+        c.orphan_grace = defaults.orphan_grace;
+    });
     let mut workers: Vec<ChildProcess> = (0..4)
         .map(|i| spawn_worker(&db, &format!("w{i}"), "q:25", &config))
         .collect();
