@@ -175,7 +175,7 @@ async fn run(tiers: &[Tier], order: &[usize], workers: usize, fair: bool) -> Out
     }
     let engine = builder.build().unwrap();
     let shutdown = CancellationToken::new();
-    let cpu_before = testkit::cpu_seconds();
+    let cpu_before = testkit::bench::cpu_seconds();
     let started = Instant::now();
     let handle = tokio::spawn(engine.run(shutdown.clone()));
     loop {
@@ -193,7 +193,7 @@ async fn run(tiers: &[Tier], order: &[usize], workers: usize, fair: bool) -> Out
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let elapsed = started.elapsed().as_secs_f64();
-    let cpu_after = testkit::cpu_seconds();
+    let cpu_after = testkit::bench::cpu_seconds();
     shutdown.cancel();
     handle.await.unwrap().unwrap();
     let snoozes: i64 = sqlx::query_scalar(

@@ -126,7 +126,7 @@ async fn main() {
         .unwrap();
     let shutdown = CancellationToken::new();
     let scans_before = seq_scans(&pool).await;
-    let cpu_before = testkit::cpu_seconds();
+    let cpu_before = testkit::bench::cpu_seconds();
     let started = Instant::now();
     let handle = tokio::spawn(engine.run(shutdown.clone()));
     loop {
@@ -145,7 +145,7 @@ async fn main() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let burn_secs = started.elapsed().as_secs_f64();
-    let cpu_after = testkit::cpu_seconds();
+    let cpu_after = testkit::bench::cpu_seconds();
     shutdown.cancel();
     let scans_after = seq_scans(&pool).await;
     handle.await.unwrap().unwrap();

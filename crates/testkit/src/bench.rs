@@ -1,5 +1,6 @@
 //! Helpers the benchmarks share: the machine's pgbench single-row INSERT rate as a reference, a
-//! checkpoint before write phases, and how the machine's CPU time was spent during a phase.
+//! checkpoint before write phases, how the machine's CPU time was spent during a phase, and the
+//! CPU time this process and PostgreSQL used.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -150,6 +151,35 @@ impl std::fmt::Display for CpuShare {
             self.busy, self.idle, self.stolen
         )
     }
+}
+
+/// CPU seconds used so far by this process and by all `postgres` processes on the machine (from
+/// `/proc`), for benchmarks that report where the time went.
+pub fn cpu_seconds() -> (f64, f64) {
+    fn ticks(stat: &str) -> Option<f64> {
+        let after = stat.rsplit_once(')')?.1;
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        let utime: f64 = fields.get(11)?.parse().ok()?;
+        let stime: f64 = fields.get(12)?.parse().ok()?;
+        Some((utime + stime) / 100.0)
+    }
+    let own = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| ticks(&s))
+        .unwrap_or(0.0);
+    let mut server = 0.0;
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for e in entries.flatten() {
+            let path = e.path();
+            if std::fs::read_to_string(path.join("comm")).is_ok_and(|c| c.trim() == "postgres") {
+                server += std::fs::read_to_string(path.join("stat"))
+                    .ok()
+                    .and_then(|s| ticks(&s))
+                    .unwrap_or(0.0);
+            }
+        }
+    }
+    (own, server)
 }
 
 #[cfg(test)]

@@ -219,32 +219,3 @@ async fn ensure_template() -> String {
     .unwrap_or_else(|e| panic!("building template database {name}: {e}"));
     name
 }
-
-/// CPU seconds used so far by this process and by all `postgres` processes on the machine (from
-/// `/proc`), for benchmarks that report where the time went.
-pub fn cpu_seconds() -> (f64, f64) {
-    fn ticks(stat: &str) -> Option<f64> {
-        let after = stat.rsplit_once(')')?.1;
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        let utime: f64 = fields.get(11)?.parse().ok()?;
-        let stime: f64 = fields.get(12)?.parse().ok()?;
-        Some((utime + stime) / 100.0)
-    }
-    let own = std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|s| ticks(&s))
-        .unwrap_or(0.0);
-    let mut server = 0.0;
-    if let Ok(entries) = std::fs::read_dir("/proc") {
-        for e in entries.flatten() {
-            let path = e.path();
-            if std::fs::read_to_string(path.join("comm")).is_ok_and(|c| c.trim() == "postgres") {
-                server += std::fs::read_to_string(path.join("stat"))
-                    .ok()
-                    .and_then(|s| ticks(&s))
-                    .unwrap_or(0.0);
-            }
-        }
-    }
-    (own, server)
-}

@@ -200,9 +200,9 @@ async fn main() {
         let pgbench_run = pgbench.run(seconds).await;
         let pgbench_cpu = CpuShare::since(cpu_before);
         checkpoint(&db.pool).await;
-        let (own_before, postgres_before) = testkit::cpu_seconds();
+        let (own_before, postgres_before) = testkit::bench::cpu_seconds();
         let post = post_phase(addr, &keys, &counter, seconds).await;
-        let (own_after, postgres_after) = testkit::cpu_seconds();
+        let (own_after, postgres_after) = testkit::bench::cpu_seconds();
         let per_request = |seconds: f64| seconds * 1e6 / post.requests.max(1) as f64;
         results.push(Round {
             pgbench: pgbench_run,
