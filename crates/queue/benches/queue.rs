@@ -73,7 +73,12 @@ async fn main() {
     );
     println!("| measurement | result |\n|---|---|");
 
-    let pgbench = match testkit::bench::PgbenchTarget::new().await.run(10).await {
+    let pgbench = match testkit::bench::PgbenchTarget::new()
+        .await
+        .run(10)
+        .await
+        .rate
+    {
         Ok(tps) => format!("{tps:.0} rows/s"),
         Err(e) => e,
     };

@@ -35,28 +35,45 @@ impl PgbenchTarget {
         PgbenchTarget { db, script }
     }
 
-    /// Runs pgbench (8 clients, 2 threads) for `seconds` after a checkpoint: its rate in
-    /// transactions of one row per second, or why there is none.
-    pub async fn run(&self, seconds: u64) -> Result<f64, String> {
+    /// Runs pgbench (8 clients, 2 threads) for `seconds` after a checkpoint.
+    pub async fn run(&self, seconds: u64) -> PgbenchRun {
         checkpoint(&self.db.pool).await;
+        let before = CpuTimes::read();
         let output = Command::new("pgbench")
             .args(["-n", "-c", "8", "-j", "2", "-T", &seconds.to_string(), "-f"])
             .arg(&self.script)
             .arg(libpq_url(&self.db.url()))
             .output();
-        match output {
-            Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .find_map(|l| l.trim().strip_prefix("tps = "))
-                .and_then(|rest| rest.split_whitespace().next())
-                .and_then(|tps| tps.parse().ok())
-                .ok_or_else(|| "pgbench printed no tps".into()),
-            Ok(out) => Err(format!(
-                "pgbench failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            )),
-            Err(e) => Err(format!("pgbench not available: {e}")),
+        PgbenchRun {
+            rate: rate(output),
+            cpu: CpuShare::since(before),
         }
+    }
+}
+
+/// What one pgbench run measured.
+#[derive(Debug, Clone)]
+pub struct PgbenchRun {
+    /// Transactions of one row per second, or why there is no rate.
+    pub rate: Result<f64, String>,
+    /// The machine's CPU while pgbench ran (none where `/proc/stat` cannot be read).
+    pub cpu: Option<CpuShare>,
+}
+
+/// The rate pgbench printed, or why there is none.
+fn rate(output: std::io::Result<std::process::Output>) -> Result<f64, String> {
+    match output {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("tps = "))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|tps| tps.parse().ok())
+            .ok_or_else(|| "pgbench printed no tps".into()),
+        Ok(out) => Err(format!(
+            "pgbench failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+        Err(e) => Err(format!("pgbench not available: {e}")),
     }
 }
 

@@ -36,7 +36,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use testkit::TestDb;
-use testkit::bench::{CpuShare, CpuTimes, PgbenchTarget, checkpoint};
+use testkit::bench::{CpuShare, CpuTimes, PgbenchRun, PgbenchTarget, checkpoint};
 use tokio_util::sync::CancellationToken;
 use web::WebConfig;
 
@@ -196,9 +196,7 @@ async fn main() {
     let counter = Arc::new(AtomicU64::new(0));
     let mut results = Vec::new();
     for _ in 0..rounds {
-        let cpu_before = CpuTimes::read();
         let pgbench_run = pgbench.run(seconds).await;
-        let pgbench_cpu = CpuShare::since(cpu_before);
         checkpoint(&db.pool).await;
         let (own_before, postgres_before) = testkit::bench::cpu_seconds();
         let post = post_phase(addr, &keys, &counter, seconds).await;
@@ -206,7 +204,6 @@ async fn main() {
         let per_request = |seconds: f64| seconds * 1e6 / post.requests.max(1) as f64;
         results.push(Round {
             pgbench: pgbench_run,
-            pgbench_cpu,
             web_us_per_request: per_request(own_after - own_before),
             postgres_us_per_request: per_request(postgres_after - postgres_before),
             post,
@@ -227,12 +224,12 @@ async fn main() {
     let mut ratios = Vec::new();
     for (i, round) in results.iter().enumerate() {
         let post = &round.post;
-        let ratio = round.pgbench.as_ref().ok().map(|tps| post.rps() / tps);
+        let ratio = round.pgbench.rate.as_ref().ok().map(|tps| post.rps() / tps);
         ratios.extend(ratio);
         println!(
             "| {} | {} | {:.0} req/s | {:.2} ms | {:.2} ms | {} | {} | {} | {} | {:.0} µs / {:.0} µs |",
             i + 1,
-            match &round.pgbench {
+            match &round.pgbench.rate {
                 Ok(tps) => format!("{tps:.0} rows/s"),
                 Err(e) => e.clone(),
             },
@@ -241,7 +238,7 @@ async fn main() {
             post.percentile(0.99),
             post.errors,
             ratio.map_or_else(|| "—".into(), |r| format!("{r:.2}")),
-            cpu_column(round.pgbench_cpu.as_ref()),
+            cpu_column(round.pgbench.cpu.as_ref()),
             cpu_column(post.cpu.as_ref()),
             round.web_us_per_request,
             round.postgres_us_per_request,
@@ -285,7 +282,7 @@ async fn main() {
     println!("| POST /v1/analyses p99, worst round | {worst_p99:.2} ms (target < 50 ms) |");
     let mut phases: Vec<Option<&CpuShare>> = results
         .iter()
-        .flat_map(|round| [round.pgbench_cpu.as_ref(), round.post.cpu.as_ref()])
+        .flat_map(|round| [round.pgbench.cpu.as_ref(), round.post.cpu.as_ref()])
         .collect();
     if let Some((without, with)) = &get {
         phases.extend(without.iter().chain(with).map(|l| l.cpu.as_ref()));
@@ -318,8 +315,7 @@ async fn main() {
 /// One round: pgbench, then `POST /v1/analyses`, with the machine's CPU use during each and
 /// the CPU time each request cost this process (server and clients) and all of PostgreSQL.
 struct Round {
-    pgbench: Result<f64, String>,
-    pgbench_cpu: Option<CpuShare>,
+    pgbench: PgbenchRun,
     post: Load,
     web_us_per_request: f64,
     postgres_us_per_request: f64,
