@@ -3,7 +3,7 @@
 //! from this run.
 //!
 //! - `POST /v1/analyses` (authenticated, a new commit per request so nothing is cached, quota
-//!   plenty): 32 concurrent clients over 100 users; requests/s, p50, p99. It takes turns with
+//!   plenty): 32 concurrent clients (`BENCH_CLIENTS`) over 100 users; requests/s, p50, p99. It takes turns with
 //!   pgbench for `BENCH_ROUNDS` rounds (default 3), so that each round's ratio compares the
 //!   two on the machine as it was then; the summary gives the median ratio. A shared virtual
 //!   machine's speed drifts by minutes, so every phase prints how the machine's CPU was spent
@@ -13,8 +13,9 @@
 //!   the Redis rate limiter (one rule per request), alternated twice.
 //!
 //! `BENCH_SECONDS` (default 10) sets each phase's length, pgbench's included; `BENCH_ROUNDS`
-//! the number of rounds; `BENCH_BATCH_CONCURRENCY` overrides `ENQUEUE_BATCH_CONCURRENCY` (to
-//! compare settings); `BENCH_POST_ONLY=1` skips the `GET` phases; Redis from `REDIS_URL`. Each
+//! the number of rounds; `BENCH_CLIENTS` the number of concurrent clients (default 32, the
+//! target's setting; more shows how throughput grows with concurrency, docs/benchmarks.md);
+//! `BENCH_BATCH_CONCURRENCY` overrides `ENQUEUE_BATCH_CONCURRENCY` (to compare settings); `BENCH_POST_ONLY=1` skips the `GET` phases; Redis from `REDIS_URL`. Each
 //! write phase starts after a `CHECKPOINT`.
 
 #![allow(
@@ -40,7 +41,8 @@ use testkit::bench::{CpuShare, CpuTimes, PgbenchRun, PgbenchTarget, checkpoint};
 use tokio_util::sync::CancellationToken;
 use web::WebConfig;
 
-const CLIENTS: usize = 32;
+/// Concurrent clients of every phase, unless `BENCH_CLIENTS` says otherwise: the 32.
+const DEFAULT_CLIENTS: usize = 32;
 const USERS: usize = 100;
 /// Stolen CPU (per cent) from which a phase is flagged in the summary.
 const STOLEN_NOTABLE: f64 = 5.0;
@@ -51,7 +53,7 @@ fn client() -> HttpClient {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(CLIENTS * 2)
+        .pool_max_idle_per_host(client_count() * 2)
         .build(connector)
 }
 
@@ -74,7 +76,7 @@ impl Load {
     }
 }
 
-/// Runs `CLIENTS` closed-loop clients for `seconds`; `make` builds request number `n` of client
+/// Runs [`client_count`] closed-loop clients for `seconds`; `make` builds request number `n` of client
 /// `c`; `expect` is the status every response must have.
 async fn load<F>(seconds: u64, expect: u16, make: F) -> Load
 where
@@ -87,7 +89,7 @@ where
     let started = Instant::now();
     let cpu_before = CpuTimes::read();
     let mut tasks = Vec::new();
-    for c in 0..CLIENTS {
+    for c in 0..client_count() {
         let (http, make, errors) = (http.clone(), Arc::clone(&make), Arc::clone(&errors));
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
@@ -146,7 +148,7 @@ async fn server(config: WebConfig) -> (SocketAddr, CancellationToken) {
 fn base_config(db: &TestDb) -> WebConfig {
     let mut c = WebConfig {
         database_url: db.url(),
-        database_max_connections: CLIENTS as u32,
+        database_max_connections: u32::try_from(client_count()).unwrap_or(u32::MAX),
         http_addr: "127.0.0.1:0".into(),
         ratelimit_enabled: false,
         ..WebConfig::default()
@@ -218,7 +220,8 @@ async fn main() {
     };
 
     println!(
-        "| round | pgbench single-row INSERT (8 clients) | POST /v1/analyses ({CLIENTS} clients, {USERS} users) | p50 | p99 | errors | POST ÷ pgbench | CPU during pgbench | CPU during POST | CPU per POST: web and clients / PostgreSQL |"
+        "| round | pgbench single-row INSERT (8 clients) | POST /v1/analyses ({} clients, {USERS} users) | p50 | p99 | errors | POST ÷ pgbench | CPU during pgbench | CPU during POST | CPU per POST: web and clients / PostgreSQL |",
+        client_count(),
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|---|---|---|");
     let mut ratios = Vec::new();
@@ -323,6 +326,17 @@ struct Round {
 
 fn cpu_column(share: Option<&CpuShare>) -> String {
     share.map_or_else(|| "—".into(), CpuShare::to_string)
+}
+
+/// The number of concurrent clients: `BENCH_CLIENTS`, or [`DEFAULT_CLIENTS`].
+fn client_count() -> usize {
+    static COUNT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *COUNT.get_or_init(|| {
+        env_number("BENCH_CLIENTS")
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(DEFAULT_CLIENTS)
+            .max(1)
+    })
 }
 
 fn env_number(name: &str) -> Option<u64> {
