@@ -3,20 +3,21 @@
 //! from this run.
 //!
 //! - `POST /v1/analyses` (authenticated, a new commit per request so nothing is cached, quota
-//!   plenty): 32 concurrent clients (`BENCH_CLIENTS`) over 100 users; requests/s, p50, p99. It takes turns with
-//!   pgbench for `BENCH_ROUNDS` rounds (default 3), so that each round's ratio compares the
-//!   two on the machine as it was then; the summary gives the median ratio. A shared virtual
-//!   machine's speed drifts by minutes, so every phase prints how the machine's CPU was spent
-//!   (from `/proc/stat`), including the time its host took away ("stolen"), and the summary
-//!   counts the phases that lost 5 % or more that way.
+//!   plenty): 32 concurrent clients (`BENCH_CLIENTS`) over 100 users; requests/s, p50, p99.
+//!   It takes turns with pgbench for `BENCH_ROUNDS` rounds (default 3), so that each round's
+//!   ratio compares the two on the machine as it was then; the summary gives the median
+//!   ratio. A shared virtual machine's speed drifts by minutes, so every phase prints how the
+//!   machine's CPU was spent (from `/proc/stat`), including the time its host took away
+//!   ("stolen"), and the summary counts the phases that lost 5 % or more that way.
 //! - `GET /v1/jobs/{id}` (authenticated, trivial): the same load without rate limiting and with
 //!   the Redis rate limiter (one rule per request), alternated twice.
 //!
 //! `BENCH_SECONDS` (default 10) sets each phase's length, pgbench's included; `BENCH_ROUNDS`
 //! the number of rounds; `BENCH_CLIENTS` the number of concurrent clients (default 32, the
 //! target's setting; more shows how throughput grows with concurrency, docs/benchmarks.md);
-//! `BENCH_BATCH_CONCURRENCY` overrides `ENQUEUE_BATCH_CONCURRENCY` (to compare settings); `BENCH_POST_ONLY=1` skips the `GET` phases; Redis from `REDIS_URL`. Each
-//! write phase starts after a `CHECKPOINT`.
+//! `BENCH_BATCH_CONCURRENCY` overrides `ENQUEUE_BATCH_CONCURRENCY` (to compare settings);
+//! `BENCH_POST_ONLY=1` skips the `GET` phases; Redis from `REDIS_URL`. Each write phase starts
+//! after a `CHECKPOINT`.
 
 #![allow(
     clippy::print_stdout,
@@ -76,8 +77,8 @@ impl Load {
     }
 }
 
-/// Runs [`client_count`] closed-loop clients for `seconds`; `make` builds request number `n` of client
-/// `c`; `expect` is the status every response must have.
+/// Runs [`client_count`] closed-loop clients for `seconds`; `make` builds request number `n` of
+/// client `c`; `expect` is the status every response must have.
 async fn load<F>(seconds: u64, expect: u16, make: F) -> Load
 where
     F: Fn(usize, u64) -> Request<Full<Bytes>> + Send + Sync + 'static,
