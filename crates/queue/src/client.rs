@@ -9,6 +9,7 @@ use std::sync::Arc;
 use sqlx::postgres::PgArguments;
 use sqlx::{PgConnection, PgPool, Postgres};
 
+use crate::compose::ComposedJob;
 use crate::error::QueueError;
 use crate::hooks::{Transition, TransitionHook, run_hooks};
 use crate::insert::{self, Inserted, NewJob, Notify};
@@ -293,8 +294,8 @@ impl QueueTx<'_> {
         sql: impl sqlx::SqlSafeStr,
         args: PgArguments,
         expected: usize,
-    ) -> Result<Vec<JobRow>, QueueError> {
-        let rows: Vec<JobRow> = sqlx::query_as_with(sql, args)
+    ) -> Result<Vec<ComposedJob>, QueueError> {
+        let rows: Vec<ComposedJob> = sqlx::query_as_with(sql, args)
             .fetch_all(&mut *self.tx)
             .await?;
         if rows.len() != expected {
@@ -303,20 +304,25 @@ impl QueueTx<'_> {
                 rows.len()
             )));
         }
-        self.remember_jobs(&rows);
+        self.remember_queues(rows.iter().map(|j| (j.state, j.queue.as_str())));
         Ok(rows)
     }
 
     fn remember(&mut self, inserted: &[Inserted]) {
-        self.remember_jobs(inserted.iter().filter(|i| !i.duplicate).map(|i| &i.job));
+        self.remember_queues(
+            inserted
+                .iter()
+                .filter(|i| !i.duplicate)
+                .map(|i| (i.job.state, i.job.queue.as_str())),
+        );
     }
 
-    /// Notes the queues of `jobs` that are runnable, to wake after commit.
-    fn remember_jobs<'j>(&mut self, jobs: impl IntoIterator<Item = &'j JobRow>) {
+    /// Notes the queues of jobs (by state and queue) that are runnable, to wake after commit.
+    fn remember_queues<'j>(&mut self, jobs: impl IntoIterator<Item = (JobState, &'j str)>) {
         self.queues.extend(
             jobs.into_iter()
-                .filter(|j| j.state == JobState::Available)
-                .map(|j| j.queue.clone()),
+                .filter(|(state, _)| *state == JobState::Available)
+                .map(|(_, queue)| queue.to_owned()),
         );
     }
 

@@ -4,8 +4,10 @@
 //!
 //! [`JobsCte`] gives two common table expressions: `fairlane_new_job (ord, id)`, the jobs in
 //! input order (1-based) with the ids they get, and `fairlane_inserted_job`, the `INSERT …
-//! RETURNING *`. The caller's own data-modifying CTEs join `fairlane_new_job` by ordinal, and
-//! its final `SELECT` returns every inserted job in input order:
+//! RETURNING id, queue, state` ([`ComposedJob`]'s columns, not the whole row: the caller has the
+//! rest, and returning and decoding every column cost more than the insert's own bookkeeping).
+//! The caller's own data-modifying CTEs join `fairlane_new_job` by ordinal, and its final
+//! `SELECT` returns every inserted job in input order:
 //! `SELECT j.* FROM fairlane_inserted_job j JOIN fairlane_new_job n USING (id) ORDER BY n.ord`.
 //! [`crate::QueueTx::insert_composed`] runs such a statement.
 //! The ids are drawn from the table's identity sequence before the insert, which is what lets
@@ -18,6 +20,16 @@ use sqlx::postgres::PgArguments;
 
 use crate::error::QueueError;
 use crate::insert::NewJob;
+use crate::job::{JobId, JobState};
+
+/// A job inserted by a composed statement, as [`crate::QueueTx::insert_composed`] returns it.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct ComposedJob {
+    pub id: JobId,
+    pub queue: String,
+    /// `available`, or `scheduled` for a job due later.
+    pub state: JobState,
+}
 
 /// `unnest($first::t1[], $first+1::t2[], …)` over one array parameter per entry of `types`,
 /// numbered from `$first`: a statement's parameters listed once, by type, with their numbers
@@ -108,7 +120,7 @@ impl JobsCte {
                       n.kind, n.queue, n.args, n.priority, n.max_attempts, \
                       coalesce(n.scheduled_at, now()), n.metadata \
                FROM fairlane_new_job n ORDER BY n.ord \
-               RETURNING * \
+               RETURNING id, queue, state \
              )",
             jobs = unnest_params(first, &JOBS_CTE_TYPES),
             state = new_job_state_sql!(),

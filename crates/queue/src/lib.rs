@@ -54,7 +54,7 @@ pub mod wake;
 pub use backoff::RetryPolicy;
 pub use client::{CancelResult, Client, QueueTx};
 pub use common::{JobArgs, QueueName};
-pub use compose::JobsCte;
+pub use compose::{ComposedJob, JobsCte};
 pub use config::EngineConfig;
 pub use context::{CancelReason, JobContext};
 pub use engine::{Engine, EngineBuilder};

@@ -263,14 +263,20 @@ async fn a_composed_statement_links_sibling_rows_to_the_jobs_it_inserts_and_comm
         .unwrap();
     tx.commit().await.unwrap();
     for (n, row) in rows.iter().enumerate() {
-        assert_eq!(row.args["n"], n);
         assert_eq!(row.state, JobState::Available);
-        let (note,): (String,) = sqlx::query_as("SELECT note FROM job_note WHERE job_id = $1")
-            .bind(row.id)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-        assert_eq!(note, format!("note {n}"));
+        assert_eq!(row.queue, "default");
+        let (args, note): (serde_json::Value, String) = sqlx::query_as(
+            "SELECT j.args, t.note FROM fairlane_job j JOIN job_note t ON t.job_id = j.id \
+             WHERE j.id = $1",
+        )
+        .bind(row.id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            (args["n"].as_u64(), note),
+            (Some(n as u64), format!("note {n}"))
+        );
     }
 
     // A unique job cannot be composed: a conflict would leave its sibling row without a job.

@@ -11,8 +11,10 @@
 //! group commit.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
+use futures_util::FutureExt;
 use tokio::sync::{mpsc, oneshot};
 
 /// The work a [`Batcher`] does for a batch.
@@ -118,11 +120,21 @@ async fn collect<R: BatchRun>(
             continue;
         }
         let count = batch.len();
-        // A panicking batch must not take the collector with it: run it as its own task (its
-        // requests are dropped unanswered, so their callers fail).
-        let runner = Arc::clone(&runner);
-        if let Err(e) = tokio::spawn(async move { runner.run(batch).await }).await {
-            tracing::error!(requests = count, error = %e, "a request batch failed");
+        // A panicking batch must not take the collector with it. Its requests are dropped
+        // unanswered as it unwinds, so their callers fail. It runs in place, not as a task of
+        // its own: a task per batch would cost a hop through the scheduler and copies of a
+        // large future.
+        if let Err(panic) = AssertUnwindSafe(runner.run(batch)).catch_unwind().await {
+            let message = panic
+                .downcast_ref::<&str>()
+                .copied()
+                .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+                .unwrap_or("(no message)");
+            tracing::error!(
+                requests = count,
+                panic = message,
+                "a request batch panicked"
+            );
         }
     }
 }

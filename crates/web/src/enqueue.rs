@@ -19,7 +19,7 @@
 
 use chrono::Utc;
 use common::{AnalysisArgs, Service, SpecviewArgs, Tier};
-use queue::{JobRow, NewJob};
+use queue::{ComposedJob, NewJob};
 use sqlx::postgres::PgArguments;
 use sqlx::{Arguments, FromRow, PgConnection, Row};
 use uuid::Uuid;
@@ -64,7 +64,7 @@ pub enum Enqueued {
     /// quota.
     Cached(AnalysisView),
     /// The job, enqueued with its reservation and record.
-    Accepted(JobRow),
+    Accepted(ComposedJob),
 }
 
 impl EnqueueRequest {
@@ -456,7 +456,7 @@ async fn insert_accepted(
     items: &[&EnqueueRequest],
     granted: &[(usize, quota::Grant)],
     jobs: Vec<NewJob>,
-) -> Result<Vec<JobRow>, BatchError> {
+) -> Result<Vec<ComposedJob>, BatchError> {
     let jobs = queue::JobsCte::new(jobs)?;
     if jobs.len() != granted.len() {
         return Err(BatchError::BeforeCommit(Problem::internal(

@@ -144,14 +144,17 @@ pub async fn create(
         .map_err(|e| Problem::internal(&e))??
     {
         Enqueued::Cached(view) => Ok((StatusCode::OK, Json(view)).into_response()),
-        Enqueued::Accepted(job) => Ok(super::accepted_job(
-            AnalysisAccepted {
-                analysis_id,
-                commit,
-                job: JobSummary::from(&job),
-            },
-            job.id,
-        )),
+        Enqueued::Accepted(job) => {
+            let job_id = job.id;
+            Ok(super::accepted_job(
+                AnalysisAccepted {
+                    analysis_id,
+                    commit,
+                    job: job.into(),
+                },
+                job_id,
+            ))
+        }
     }
 }
 

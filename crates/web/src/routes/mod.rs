@@ -11,7 +11,7 @@ use axum::Json;
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use http::{HeaderValue, StatusCode};
-use queue::{JobRow, JobState};
+use queue::{ComposedJob, JobRow, JobState};
 use serde::Serialize;
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -79,6 +79,16 @@ impl From<&JobRow> for JobSummary {
             id: j.id,
             state: j.state.into(),
             queue: j.queue.clone(),
+        }
+    }
+}
+
+impl From<ComposedJob> for JobSummary {
+    fn from(j: ComposedJob) -> Self {
+        JobSummary {
+            id: j.id,
+            state: j.state.into(),
+            queue: j.queue,
         }
     }
 }

@@ -82,14 +82,17 @@ pub async fn create(
         .await
         .map_err(|e| Problem::internal(&e))??
     {
-        Enqueued::Accepted(job) => Ok(super::accepted_job(
-            SpecviewAccepted {
-                specview_id,
-                analysis_id: body.analysis_id,
-                job: JobSummary::from(&job),
-            },
-            job.id,
-        )),
+        Enqueued::Accepted(job) => {
+            let job_id = job.id;
+            Ok(super::accepted_job(
+                SpecviewAccepted {
+                    specview_id,
+                    analysis_id: body.analysis_id,
+                    job: job.into(),
+                },
+                job_id,
+            ))
+        }
         Enqueued::Cached(_) => Err(Problem::internal(&"a specview was answered from the cache")),
     }
 }
