@@ -284,17 +284,18 @@ async fn main() {
         .map(|round| round.post.percentile(0.99))
         .fold(0.0, f64::max);
     println!("| POST /v1/analyses p99, worst round | {worst_p99:.2} ms (target < 50 ms) |");
-    let mut phases: Vec<Option<&CpuShare>> = results
+    // The phases whose CPU split was measured.
+    let mut phases: Vec<&CpuShare> = results
         .iter()
         .flat_map(|round| [round.pgbench.cpu.as_ref(), round.post.cpu.as_ref()])
+        .flatten()
         .collect();
     if let Some((without, with)) = &get {
-        phases.extend(without.iter().chain(with).map(|l| l.cpu.as_ref()));
+        phases.extend(without.iter().chain(with).filter_map(|l| l.cpu.as_ref()));
     }
-    let measured = phases.iter().flatten().count();
+    let measured = phases.len();
     let stolen = phases
         .iter()
-        .flatten()
         .filter(|cpu| cpu.stolen >= STOLEN_NOTABLE)
         .count();
     if measured > 0 {
