@@ -17,8 +17,11 @@ pub enum BillingCycle {
     Day,
 }
 
-/// One billing period: `start` inclusive, `end` exclusive.
+/// One billing period: `start` inclusive, `end` exclusive. Both are UTC midnights, whatever the
+/// cycle, so a period is a whole number of UTC days ([`BillingPeriod::days`]); only
+/// [`BillingCycle::period_containing`] makes one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[non_exhaustive]
 pub struct BillingPeriod {
     pub start: DateTime<Utc>,
     pub end: DateTime<Utc>,
@@ -33,6 +36,12 @@ impl BillingPeriod {
     /// Time from `now` until the period ends (zero if it already has), for `Retry-After`.
     pub fn remaining(&self, now: DateTime<Utc>) -> std::time::Duration {
         (self.end - now).to_std().unwrap_or_default()
+    }
+
+    /// The period as UTC days: its first day and the day after its last (half-open, like the
+    /// period), for the daily used totals.
+    pub fn days(&self) -> (NaiveDate, NaiveDate) {
+        (self.start.date_naive(), self.end.date_naive())
     }
 }
 
@@ -146,6 +155,25 @@ mod tests {
             p.remaining(at("2027-02-01T00:00:00Z")),
             std::time::Duration::ZERO
         );
+    }
+
+    #[test]
+    fn every_cycle_cuts_at_utc_midnight_so_days_cover_the_period_exactly() {
+        let mut t = at("2023-12-25T13:45:10Z");
+        let end = at("2025-03-10T00:00:00Z");
+        while t < end {
+            for cycle in [BillingCycle::Month, BillingCycle::Week, BillingCycle::Day] {
+                let p = cycle.period_containing(t);
+                for boundary in [p.start, p.end] {
+                    assert_eq!(boundary.time(), chrono::NaiveTime::MIN, "{cycle:?} at {t}");
+                }
+                let (first, after_last) = p.days();
+                assert!(first <= t.date_naive() && t.date_naive() < after_last);
+                assert_eq!(midnight(first), p.start);
+                assert_eq!(midnight(after_last), p.end);
+            }
+            t += Duration::hours(29) + Duration::minutes(7);
+        }
     }
 
     #[test]

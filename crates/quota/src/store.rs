@@ -600,8 +600,9 @@ impl CheckPlan {
         let events: Vec<&str> = self.pairs.iter().map(|(_, e)| e.as_str()).collect();
         args.add(users).map_err(encode_error)?;
         args.add(events).map_err(encode_error)?;
-        args.add(self.period.start).map_err(encode_error)?;
-        args.add(self.period.end).map_err(encode_error)?;
+        let (first_day, day_after) = self.period.days();
+        args.add(first_day).map_err(encode_error)?;
+        args.add(day_after).map_err(encode_error)?;
         Ok(())
     }
 
@@ -630,6 +631,9 @@ pub const STANDINGS_CTE_PARAMS: usize = 4;
 /// [`StandingRow`], one row per pair of a [`CheckPlan`], using parameters `$first` to
 /// `$first + STANDINGS_CTE_PARAMS - 1` bound by [`CheckPlan::bind_standings`].
 ///
+/// Used units are the period's daily running totals (`quota_used_daily`, kept by triggers on
+/// `usage_events`): at most one row per day of the period, however many events were billed.
+///
 /// Reserved units are every linked reservation (their running total in
 /// `quota_reserved_totals`, kept by triggers) plus unlinked ones within their TTL (summed
 /// through a partial index; normally there are none). A linked reservation ends in the same
@@ -637,15 +641,15 @@ pub const STANDINGS_CTE_PARAMS: usize = 4;
 /// of a bug or a hand edit; counting it until the scheduler's cleanup removes it errs on the
 /// safe side (it can only refuse, never overspend), and spares the check a look-up of every
 /// pending job. One statement reads used and reserved units (one snapshot: a completion that
-/// moves units from reserved to used is seen entirely or not at all), at a constant cost per
-/// pair however many jobs wait.
+/// moves units from reserved to used is seen entirely or not at all), at a cost per pair that
+/// does not grow with the jobs waiting or the events billed.
 pub fn standings_cte(first: usize) -> String {
     format!(
         "quota_standing AS ( \
            SELECT i.ord, u.tier::text AS tier, \
-             (SELECT COALESCE(SUM(e.amount), 0)::int8 FROM usage_events e \
-               WHERE e.user_id = i.user_id AND e.event_type = i.event_type \
-                 AND e.occurred_at >= ${start} AND e.occurred_at < ${end}) AS used, \
+             (SELECT COALESCE(SUM(d.used), 0)::int8 FROM quota_used_daily d \
+               WHERE d.user_id = i.user_id AND d.event_type = i.event_type \
+                 AND d.day >= ${start}::date AND d.day < ${end}::date) AS used, \
              COALESCE((SELECT t.reserved FROM quota_reserved_totals t \
                         WHERE t.user_id = i.user_id AND t.event_type = i.event_type), 0) \
              + (SELECT COALESCE(SUM(r.reserved_amount), 0)::int8 FROM quota_reservations r \

@@ -703,3 +703,208 @@ async fn reserved_totals_follow_every_change_to_reservations() {
     assert_eq!(total(a, "analysis").await, 0);
     assert_totals_exact(&db.pool).await;
 }
+
+/// The daily used totals the triggers keep equal the usage events, exactly (days with a total
+/// of zero may stay behind; they add nothing).
+async fn assert_used_exact(pool: &PgPool) {
+    let drift: Vec<(Uuid, String, chrono::NaiveDate, i64, i64)> = sqlx::query_as(
+        "SELECT coalesce(t.user_id, e.user_id), coalesce(t.event_type, e.event_type)::text, \
+                coalesce(t.day, e.day), coalesce(t.used, 0), coalesce(e.used, 0) \
+         FROM quota_used_daily t \
+         FULL JOIN (SELECT user_id, event_type, (occurred_at AT TIME ZONE 'UTC')::date AS day, \
+                           sum(amount)::int8 AS used \
+                    FROM usage_events GROUP BY 1, 2, 3) e \
+           ON e.user_id = t.user_id AND e.event_type = t.event_type AND e.day = t.day \
+         WHERE coalesce(t.used, 0) <> coalesce(e.used, 0)",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert!(drift.is_empty(), "daily used totals drifted: {drift:?}");
+}
+
+async fn bill_at(pool: &PgPool, user: Uuid, event: &str, amount: i32, at: &str) {
+    sqlx::query(
+        "INSERT INTO usage_events (user_id, event_type, amount, occurred_at) \
+         VALUES ($1, $2::text::fairlane_usage_event_type, $3, $4::text::timestamptz)",
+    )
+    .bind(user)
+    .bind(event)
+    .bind(amount)
+    .bind(at)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+fn at(s: &str) -> chrono::DateTime<Utc> {
+    s.parse().unwrap()
+}
+
+async fn used(quota: &Quota, pool: &PgPool, user: Uuid, now: &str) -> (i64, i64) {
+    let usage = quota
+        .usage(&mut pool.acquire().await.unwrap(), user, at(now))
+        .await
+        .unwrap();
+    (usage.events[0].used, usage.events[1].used)
+}
+
+#[tokio::test]
+async fn used_totals_follow_every_change_to_usage_events_and_count_whole_utc_days() {
+    let db = TestDb::new().await;
+    let (a, b) = (user(&db.pool, "pro").await, user(&db.pool, "free").await);
+    // Either side of both ends of April 2026, and an event billed from a session far east of
+    // UTC, where it is already May: it is counted by its UTC day.
+    bill_at(&db.pool, a, "analysis", 2, "2026-03-31T23:59:59.999Z").await;
+    bill_at(&db.pool, a, "analysis", 3, "2026-04-01T00:00:00Z").await;
+    bill_at(&db.pool, a, "analysis", 4, "2026-04-30T23:59:59.999Z").await;
+    bill_at(&db.pool, a, "analysis", 5, "2026-05-01T00:00:00Z").await;
+    bill_at(&db.pool, a, "specview", 1, "2026-04-15T08:00:00Z").await;
+    bill_at(&db.pool, b, "analysis", 1, "2026-04-10T08:00:00Z").await;
+    let mut east = db.pool.acquire().await.unwrap();
+    sqlx::query("SET TIME ZONE 'Pacific/Kiritimati'")
+        .execute(&mut *east)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO usage_events (user_id, event_type, amount, occurred_at) \
+         VALUES ($1, 'analysis', 10, '2026-04-30T23:30:00Z')",
+    )
+    .bind(a)
+    .execute(&mut *east)
+    .await
+    .unwrap();
+    sqlx::query("RESET TIME ZONE")
+        .execute(&mut *east)
+        .await
+        .unwrap();
+    drop(east);
+    assert_used_exact(&db.pool).await;
+
+    let monthly = quota();
+    assert_eq!(
+        used(&monthly, &db.pool, a, "2026-04-20T12:00:00Z").await,
+        (17, 1)
+    );
+    assert_eq!(
+        used(&monthly, &db.pool, a, "2026-03-02T00:00:00Z").await,
+        (2, 0)
+    );
+    assert_eq!(
+        used(&monthly, &db.pool, a, "2026-05-31T23:59:59Z").await,
+        (5, 0)
+    );
+    assert_eq!(
+        used(&monthly, &db.pool, b, "2026-04-01T00:00:00Z").await,
+        (1, 0)
+    );
+    let daily = Quota::new(QuotaConfig {
+        quota_billing_period: quota::BillingCycle::Day,
+        ..QuotaConfig::default()
+    })
+    .unwrap();
+    assert_eq!(
+        used(&daily, &db.pool, a, "2026-04-30T00:00:00Z").await,
+        (14, 0)
+    );
+    assert_eq!(
+        used(&daily, &db.pool, a, "2026-04-01T23:00:00Z").await,
+        (3, 0)
+    );
+
+    // Moving events between users, days and amounts in one statement.
+    sqlx::query(
+        "UPDATE usage_events SET \
+           user_id = CASE WHEN amount = 3 THEN $2 ELSE user_id END, \
+           occurred_at = CASE WHEN amount = 4 THEN occurred_at + interval '1 ms' ELSE occurred_at END, \
+           amount = CASE WHEN amount = 10 THEN 6 ELSE amount END \
+         WHERE user_id = $1",
+    )
+    .bind(a)
+    .bind(b)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    assert_used_exact(&db.pool).await;
+    assert_eq!(
+        used(&monthly, &db.pool, a, "2026-04-20T12:00:00Z").await,
+        (6, 1)
+    );
+    assert_eq!(
+        used(&monthly, &db.pool, a, "2026-05-20T12:00:00Z").await,
+        (9, 0)
+    );
+    assert_eq!(
+        used(&monthly, &db.pool, b, "2026-04-20T12:00:00Z").await,
+        (4, 0)
+    );
+
+    // Deleting some, deleting a user (cascading to both tables), truncating.
+    sqlx::query("DELETE FROM usage_events WHERE amount = 5")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    assert_used_exact(&db.pool).await;
+    assert_eq!(
+        used(&monthly, &db.pool, a, "2026-05-20T12:00:00Z").await,
+        (4, 0)
+    );
+    sqlx::query("DELETE FROM users WHERE id = $1")
+        .bind(b)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    assert_used_exact(&db.pool).await;
+    sqlx::query("TRUNCATE usage_events")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    assert_used_exact(&db.pool).await;
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM quota_used_daily").await,
+        0
+    );
+    assert_eq!(
+        used(&monthly, &db.pool, a, "2026-04-20T12:00:00Z").await,
+        (0, 0)
+    );
+}
+
+#[tokio::test]
+async fn concurrent_billing_of_one_user_adds_up_exactly() {
+    let db = TestDb::new().await;
+    let (a, b) = (user(&db.pool, "pro").await, user(&db.pool, "pro").await);
+    let tasks: Vec<_> = (0..8)
+        .map(|task| {
+            let pool = db.pool.clone();
+            tokio::spawn(async move {
+                for i in 0..40 {
+                    // Each statement bills both users, in an order that differs between tasks:
+                    // the totals are upserted in key order, so they cannot deadlock.
+                    let (first, second) = if (task + i) % 2 == 0 { (a, b) } else { (b, a) };
+                    sqlx::query(
+                        "INSERT INTO usage_events (user_id, event_type, amount) \
+                         VALUES ($1, 'analysis', 1), ($2, 'analysis', 2)",
+                    )
+                    .bind(first)
+                    .bind(second)
+                    .execute(&pool)
+                    .await
+                    .unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_used_exact(&db.pool).await;
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT sum(used)::int8 FROM quota_used_daily WHERE event_type = 'analysis'"
+        )
+        .await,
+        8 * 40 * 3
+    );
+}

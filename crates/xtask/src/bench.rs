@@ -13,6 +13,8 @@ pub(crate) enum Suite {
     Fairness,
     /// Decisions/s and p99 of the in-memory and Redis limiters.
     Ratelimit,
+    /// The quota check's read of 16 users' standings as their billed usage grows.
+    Quota,
     /// Authenticated POST /v1/analyses vs pgbench; the Redis limiter's cost on a trivial GET.
     Web,
 }
@@ -23,6 +25,7 @@ impl Suite {
             Suite::Queue => ("queue", "queue"),
             Suite::Fairness => ("fairness", "fairness"),
             Suite::Ratelimit => ("ratelimit", "ratelimit"),
+            Suite::Quota => ("quota", "quota"),
             Suite::Web => ("web", "web"),
         }
     }
