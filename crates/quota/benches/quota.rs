@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use common::Service;
 use quota::{Quota, QuotaConfig, StandingRow, standings_cte};
-use sqlx::PgPool;
 use sqlx::postgres::PgArguments;
+use sqlx::{Arguments, PgPool};
 use testkit::TestDb;
 use uuid::Uuid;
 
@@ -95,16 +95,22 @@ async fn bill(pool: &PgPool, users: &[Uuid], events: usize) {
         .unwrap();
 }
 
-async fn time_daily_totals(pool: &PgPool, quota: &Quota, users: &[Uuid], reads: usize) -> Timings {
-    let sql = format!("WITH {} SELECT * FROM quota_standing", standings_cte(1));
+/// Times `reads` runs of `sql` (the standings of `users`, one row each) on one connection,
+/// with parameters from `bind`, made anew for each read as the web service's batches do.
+async fn time_reads(
+    pool: &PgPool,
+    sql: &str,
+    users: &[Uuid],
+    reads: usize,
+    bind: impl Fn(&mut PgArguments),
+) -> Timings {
     let mut conn = pool.acquire().await.unwrap();
     let mut samples = Vec::with_capacity(reads);
     for _ in 0..reads {
-        let plan = quota.plan(users.iter().map(|u| (*u, Service::Analysis)), Utc::now());
         let mut args = PgArguments::default();
-        plan.bind_standings(&mut args).unwrap();
+        bind(&mut args);
         let started = Instant::now();
-        let rows: Vec<StandingRow> = sqlx::query_as_with(sqlx::AssertSqlSafe(sql.clone()), args)
+        let rows: Vec<StandingRow> = sqlx::query_as_with(sqlx::AssertSqlSafe(sql.to_owned()), args)
             .fetch_all(&mut *conn)
             .await
             .unwrap();
@@ -114,24 +120,25 @@ async fn time_daily_totals(pool: &PgPool, quota: &Quota, users: &[Uuid], reads: 
     timings(samples)
 }
 
+async fn time_daily_totals(pool: &PgPool, quota: &Quota, users: &[Uuid], reads: usize) -> Timings {
+    let sql = format!("WITH {} SELECT * FROM quota_standing", standings_cte(1));
+    time_reads(pool, &sql, users, reads, |args| {
+        let plan = quota.plan(users.iter().map(|u| (*u, Service::Analysis)), Utc::now());
+        plan.bind_standings(args).unwrap();
+    })
+    .await
+}
+
 async fn time_summed_events(pool: &PgPool, quota: &Quota, users: &[Uuid], reads: usize) -> Timings {
-    let mut conn = pool.acquire().await.unwrap();
-    let mut samples = Vec::with_capacity(reads);
-    for _ in 0..reads {
+    time_reads(pool, SUMMED_EVENTS, users, reads, |args| {
         let period = quota.period(Utc::now());
-        let started = Instant::now();
-        let rows: Vec<StandingRow> = sqlx::query_as(SUMMED_EVENTS)
-            .bind(users)
-            .bind(vec![Service::Analysis.as_str(); users.len()])
-            .bind(period.start)
-            .bind(period.end)
-            .fetch_all(&mut *conn)
-            .await
+        args.add(users).unwrap();
+        args.add(vec![Service::Analysis.as_str(); users.len()])
             .unwrap();
-        samples.push(started.elapsed());
-        assert_eq!(rows.len(), users.len());
-    }
-    timings(samples)
+        args.add(period.start).unwrap();
+        args.add(period.end).unwrap();
+    })
+    .await
 }
 
 #[tokio::main]
