@@ -908,3 +908,61 @@ async fn concurrent_billing_of_one_user_adds_up_exactly() {
         8 * 40 * 3
     );
 }
+
+#[tokio::test]
+async fn the_daily_totals_migration_fills_them_from_the_events_already_billed() {
+    let db = TestDb::new().await;
+    let (a, b) = (user(&db.pool, "pro").await, user(&db.pool, "free").await);
+    // Back to the schema before the migration (its table, triggers and functions gone, the
+    // period index back, the migration not applied), then usage billed as it was then.
+    sqlx::raw_sql(
+        "DROP TABLE quota_used_daily; \
+         DROP TRIGGER quota_used_on_insert ON usage_events; \
+         DROP TRIGGER quota_used_on_update ON usage_events; \
+         DROP TRIGGER quota_used_on_delete ON usage_events; \
+         DROP TRIGGER quota_used_on_truncate ON usage_events; \
+         DROP FUNCTION fairlane_quota_used_apply(); \
+         DROP FUNCTION fairlane_quota_used_clear(); \
+         CREATE INDEX usage_events_period ON usage_events (user_id, event_type, occurred_at) \
+           INCLUDE (amount); \
+         DELETE FROM _sqlx_migrations WHERE description = 'quota used daily'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    bill_at(&db.pool, a, "analysis", 2, "2026-03-31T23:59:59Z").await;
+    bill_at(&db.pool, a, "analysis", 3, "2026-04-01T00:00:00Z").await;
+    bill_at(&db.pool, a, "analysis", 4, "2026-04-01T12:00:00Z").await;
+    bill_at(&db.pool, a, "specview", 1, "2026-04-15T08:00:00Z").await;
+    bill_at(&db.pool, b, "analysis", 5, "2026-04-30T23:59:59Z").await;
+
+    schema::migrate(&db.pool).await.unwrap();
+    schema::check_applied(&db.pool).await.unwrap();
+    assert_used_exact(&db.pool).await;
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM quota_used_daily").await,
+        4,
+        "one row per user, event type and UTC day"
+    );
+    let monthly = quota();
+    assert_eq!(
+        used(&monthly, &db.pool, a, "2026-04-20T12:00:00Z").await,
+        (7, 1)
+    );
+    assert_eq!(
+        used(&monthly, &db.pool, b, "2026-04-20T12:00:00Z").await,
+        (5, 0)
+    );
+    // The triggers are in place again: billing after the migration keeps the totals.
+    bill_at(&db.pool, b, "analysis", 1, "2026-04-02T00:00:00Z").await;
+    assert_used_exact(&db.pool).await;
+    assert!(
+        !sqlx::query_scalar::<_, bool>(
+            "SELECT EXISTS (SELECT 1 FROM pg_indexes WHERE indexname = 'usage_events_period')"
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap(),
+        "the period index is dropped"
+    );
+}
