@@ -170,33 +170,67 @@ impl std::fmt::Display for CpuShare {
     }
 }
 
-/// CPU seconds used so far by this process and by all `postgres` processes on the machine (from
-/// `/proc`), for benchmarks that report where the time went.
-pub fn cpu_seconds() -> (f64, f64) {
-    fn ticks(stat: &str) -> Option<f64> {
-        let after = stat.rsplit_once(')')?.1;
-        let fields: Vec<&str> = after.split_whitespace().collect();
-        let utime: f64 = fields.get(11)?.parse().ok()?;
-        let stime: f64 = fields.get(12)?.parse().ok()?;
-        Some((utime + stime) / 100.0)
-    }
-    let own = std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|s| ticks(&s))
-        .unwrap_or(0.0);
-    let mut server = 0.0;
+/// User and system CPU seconds in a `/proc/<pid>/stat` line.
+fn stat_seconds(stat: &str) -> Option<f64> {
+    let after = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / 100.0)
+}
+
+/// CPU seconds used so far by each `postgres` process on the machine, by pid (from `/proc`).
+pub fn postgres_cpu_by_pid() -> std::collections::BTreeMap<u32, f64> {
+    let mut by_pid = std::collections::BTreeMap::new();
     if let Ok(entries) = std::fs::read_dir("/proc") {
         for e in entries.flatten() {
+            let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
             let path = e.path();
-            if std::fs::read_to_string(path.join("comm")).is_ok_and(|c| c.trim() == "postgres") {
-                server += std::fs::read_to_string(path.join("stat"))
-                    .ok()
-                    .and_then(|s| ticks(&s))
-                    .unwrap_or(0.0);
+            if !std::fs::read_to_string(path.join("comm")).is_ok_and(|c| c.trim() == "postgres") {
+                continue;
+            }
+            if let Some(seconds) = std::fs::read_to_string(path.join("stat"))
+                .ok()
+                .and_then(|s| stat_seconds(&s))
+            {
+                by_pid.insert(pid, seconds);
             }
         }
     }
-    (own, server)
+    by_pid
+}
+
+/// The largest share of one core (0.0 to 1.0) that a single process used between two readings
+/// of [`postgres_cpu_by_pid`] `elapsed_seconds` apart; processes that started in between count
+/// from zero. `None` without readings. One backend near a whole core means the work it serves
+/// cannot go faster however idle the rest of the machine is.
+pub fn busiest_process_share(
+    before: &std::collections::BTreeMap<u32, f64>,
+    after: &std::collections::BTreeMap<u32, f64>,
+    elapsed_seconds: f64,
+) -> Option<f64> {
+    if elapsed_seconds <= 0.0 {
+        return None;
+    }
+    after
+        .iter()
+        .map(|(pid, seconds)| (seconds - before.get(pid).copied().unwrap_or(0.0)).max(0.0))
+        .fold(None, |most: Option<f64>, used| {
+            Some(most.map_or(used, |m| m.max(used)))
+        })
+        .map(|used| used / elapsed_seconds)
+}
+
+/// CPU seconds used so far by this process and by all `postgres` processes on the machine (from
+/// `/proc`), for benchmarks that report where the time went.
+pub fn cpu_seconds() -> (f64, f64) {
+    let own = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| stat_seconds(&s))
+        .unwrap_or(0.0);
+    (own, postgres_cpu_by_pid().values().sum())
 }
 
 #[cfg(test)]
@@ -218,6 +252,27 @@ mod tests {
             }
         );
         assert_eq!(share.to_string(), "busy 70 %, idle 20 %, stolen 10 %");
+    }
+
+    #[test]
+    fn the_busiest_process_is_the_one_that_used_most_cpu_between_readings() {
+        let before = std::collections::BTreeMap::from([(10, 5.0), (11, 1.0), (12, 9.0)]);
+        // 10 used 3 s, 11 used 1 s, 12 is gone, 13 started and used 2 s: over 4 s, 10 had 75 %.
+        let after = std::collections::BTreeMap::from([(10, 8.0), (11, 2.0), (13, 2.0)]);
+        assert_eq!(busiest_process_share(&before, &after, 4.0), Some(0.75));
+        assert_eq!(busiest_process_share(&before, &after, 0.0), None);
+        assert_eq!(
+            busiest_process_share(&before, &Default::default(), 4.0),
+            None
+        );
+    }
+
+    #[test]
+    fn a_stat_line_gives_user_plus_system_seconds() {
+        // The command name may hold spaces and parentheses; fields count from the last ')'.
+        let line = "42 (postgres: a (b) c) S 1 2 3 4 5 6 7 8 9 10 250 150 0 0";
+        assert_eq!(stat_seconds(line), Some(4.0));
+        assert_eq!(stat_seconds("42 (x) S 1"), None);
     }
 
     #[test]

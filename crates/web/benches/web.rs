@@ -202,13 +202,21 @@ async fn main() {
         let pgbench_run = pgbench.run(seconds).await;
         checkpoint(&db.pool).await;
         let (own_before, postgres_before) = testkit::bench::cpu_seconds();
+        let backends_before = testkit::bench::postgres_cpu_by_pid();
+        let started = Instant::now();
         let post = post_phase(addr, &keys, &counter, seconds).await;
+        let busiest_backend = testkit::bench::busiest_process_share(
+            &backends_before,
+            &testkit::bench::postgres_cpu_by_pid(),
+            started.elapsed().as_secs_f64(),
+        );
         let (own_after, postgres_after) = testkit::bench::cpu_seconds();
         let per_request = |seconds: f64| seconds * 1e6 / post.requests.max(1) as f64;
         results.push(Round {
             pgbench: pgbench_run,
             web_us_per_request: per_request(own_after - own_before),
             postgres_us_per_request: per_request(postgres_after - postgres_before),
+            busiest_backend,
             post,
         });
     }
@@ -221,17 +229,17 @@ async fn main() {
     };
 
     println!(
-        "| round | pgbench single-row INSERT (8 clients) | POST /v1/analyses ({} clients, {USERS} users) | p50 | p99 | errors | POST ÷ pgbench | CPU during pgbench | CPU during POST | CPU per POST: web and clients / PostgreSQL |",
+        "| round | pgbench single-row INSERT (8 clients) | POST /v1/analyses ({} clients, {USERS} users) | p50 | p99 | errors | POST ÷ pgbench | CPU during pgbench | CPU during POST | CPU per POST: web and clients / PostgreSQL | busiest PostgreSQL process during POST |",
         client_count(),
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---|---|---|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|");
     let mut ratios = Vec::new();
     for (i, round) in results.iter().enumerate() {
         let post = &round.post;
         let ratio = round.pgbench.rate.as_ref().ok().map(|tps| post.rps() / tps);
         ratios.extend(ratio);
         println!(
-            "| {} | {} | {:.0} req/s | {:.2} ms | {:.2} ms | {} | {} | {} | {} | {:.0} µs / {:.0} µs |",
+            "| {} | {} | {:.0} req/s | {:.2} ms | {:.2} ms | {} | {} | {} | {} | {:.0} µs / {:.0} µs | {} |",
             i + 1,
             match &round.pgbench.rate {
                 Ok(tps) => format!("{tps:.0} rows/s"),
@@ -246,6 +254,10 @@ async fn main() {
             cpu_column(post.cpu.as_ref()),
             round.web_us_per_request,
             round.postgres_us_per_request,
+            round.busiest_backend.map_or_else(
+                || "—".into(),
+                |share| format!("{:.0} % of a core", share * 100.0)
+            ),
         );
     }
     if let Some((without, with)) = &get {
@@ -317,13 +329,17 @@ async fn main() {
     }
 }
 
-/// One round: pgbench, then `POST /v1/analyses`, with the machine's CPU use during each and
-/// the CPU time each request cost this process (server and clients) and all of PostgreSQL.
+/// One round: pgbench, then `POST /v1/analyses`, with the machine's CPU use during each, the
+/// CPU time each request cost this process (server and clients) and all of PostgreSQL, and the
+/// busiest PostgreSQL process's share of a core.
 struct Round {
     pgbench: PgbenchRun,
     post: Load,
     web_us_per_request: f64,
     postgres_us_per_request: f64,
+    /// The share of one core used by the busiest PostgreSQL process (the enqueue batches'
+    /// backend, normally): near 100 % it is the bound, however idle the machine is.
+    busiest_backend: Option<f64>,
 }
 
 fn cpu_column(share: Option<&CpuShare>) -> String {
