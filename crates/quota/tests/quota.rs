@@ -44,8 +44,10 @@ async fn count(pool: &PgPool, sql: &'static str) -> i64 {
     n
 }
 
-/// The running totals the triggers keep equal the linked reservations, exactly.
+/// The running totals the triggers keep equal the linked reservations, exactly, and the daily
+/// used totals equal the usage events.
 async fn assert_totals_exact(pool: &PgPool) {
+    assert_used_exact(pool).await;
     let drift: Vec<(Uuid, String, i64, i64)> = sqlx::query_as(
         "SELECT coalesce(t.user_id, r.user_id), coalesce(t.event_type, r.event_type)::text, \
                 coalesce(t.reserved, 0), coalesce(r.reserved, 0) \
