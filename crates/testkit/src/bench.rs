@@ -2,8 +2,10 @@
 //! checkpoint before write phases, how the machine's CPU time was spent during a phase, and the
 //! CPU time this process and PostgreSQL used.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Instant;
 
 use sqlx::PgPool;
 
@@ -180,8 +182,8 @@ fn stat_seconds(stat: &str) -> Option<f64> {
 }
 
 /// CPU seconds used so far by each `postgres` process on the machine, by pid (from `/proc`).
-pub fn postgres_cpu_by_pid() -> std::collections::BTreeMap<u32, f64> {
-    let mut by_pid = std::collections::BTreeMap::new();
+fn postgres_cpu_by_pid() -> BTreeMap<u32, f64> {
+    let mut by_pid = BTreeMap::new();
     if let Ok(entries) = std::fs::read_dir("/proc") {
         for e in entries.flatten() {
             let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
@@ -203,12 +205,11 @@ pub fn postgres_cpu_by_pid() -> std::collections::BTreeMap<u32, f64> {
 }
 
 /// The largest share of one core (0.0 to 1.0) that a single process used between two readings
-/// of [`postgres_cpu_by_pid`] `elapsed_seconds` apart; processes that started in between count
-/// from zero. `None` without readings. One backend near a whole core means the work it serves
-/// cannot go faster however idle the rest of the machine is.
-pub fn busiest_process_share(
-    before: &std::collections::BTreeMap<u32, f64>,
-    after: &std::collections::BTreeMap<u32, f64>,
+/// of CPU seconds by pid, `elapsed_seconds` apart; processes that started in between count from
+/// zero. `None` without readings.
+fn busiest_process_share(
+    before: &BTreeMap<u32, f64>,
+    after: &BTreeMap<u32, f64>,
     elapsed_seconds: f64,
 ) -> Option<f64> {
     if elapsed_seconds <= 0.0 {
@@ -217,20 +218,58 @@ pub fn busiest_process_share(
     after
         .iter()
         .map(|(pid, seconds)| (seconds - before.get(pid).copied().unwrap_or(0.0)).max(0.0))
-        .fold(None, |most: Option<f64>, used| {
-            Some(most.map_or(used, |m| m.max(used)))
-        })
+        .max_by(f64::total_cmp)
         .map(|used| used / elapsed_seconds)
 }
 
-/// CPU seconds used so far by this process and by all `postgres` processes on the machine (from
-/// `/proc`), for benchmarks that report where the time went.
+/// The CPU time used so far by this process and by each `postgres` process on the machine, read
+/// once from `/proc`, for benchmarks that report where a phase's time went.
+#[derive(Debug, Clone)]
+pub struct CpuSnapshot {
+    taken: Instant,
+    own: f64,
+    postgres_by_pid: BTreeMap<u32, f64>,
+}
+
+impl CpuSnapshot {
+    pub fn take() -> CpuSnapshot {
+        let own = std::fs::read_to_string("/proc/self/stat")
+            .ok()
+            .and_then(|s| stat_seconds(&s))
+            .unwrap_or(0.0);
+        CpuSnapshot {
+            taken: Instant::now(),
+            own,
+            postgres_by_pid: postgres_cpu_by_pid(),
+        }
+    }
+
+    /// CPU seconds of this process.
+    pub fn own_seconds(&self) -> f64 {
+        self.own
+    }
+
+    /// CPU seconds of all `postgres` processes together.
+    pub fn postgres_seconds(&self) -> f64 {
+        self.postgres_by_pid.values().sum()
+    }
+
+    /// The share of one core (0.0 to 1.0) the busiest `postgres` process used since `before`.
+    /// One backend near a whole core means the work it serves cannot go faster however idle
+    /// the rest of the machine is.
+    pub fn busiest_postgres_share_since(&self, before: &CpuSnapshot) -> Option<f64> {
+        busiest_process_share(
+            &before.postgres_by_pid,
+            &self.postgres_by_pid,
+            self.taken.duration_since(before.taken).as_secs_f64(),
+        )
+    }
+}
+
+/// CPU seconds used so far by this process and by all `postgres` processes on the machine.
 pub fn cpu_seconds() -> (f64, f64) {
-    let own = std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .and_then(|s| stat_seconds(&s))
-        .unwrap_or(0.0);
-    (own, postgres_cpu_by_pid().values().sum())
+    let now = CpuSnapshot::take();
+    (now.own_seconds(), now.postgres_seconds())
 }
 
 #[cfg(test)]
@@ -256,9 +295,9 @@ mod tests {
 
     #[test]
     fn the_busiest_process_is_the_one_that_used_most_cpu_between_readings() {
-        let before = std::collections::BTreeMap::from([(10, 5.0), (11, 1.0), (12, 9.0)]);
+        let before = BTreeMap::from([(10, 5.0), (11, 1.0), (12, 9.0)]);
         // 10 used 3 s, 11 used 1 s, 12 is gone, 13 started and used 2 s: over 4 s, 10 had 75 %.
-        let after = std::collections::BTreeMap::from([(10, 8.0), (11, 2.0), (13, 2.0)]);
+        let after = BTreeMap::from([(10, 8.0), (11, 2.0), (13, 2.0)]);
         assert_eq!(busiest_process_share(&before, &after, 4.0), Some(0.75));
         assert_eq!(busiest_process_share(&before, &after, 0.0), None);
         assert_eq!(

@@ -38,7 +38,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use testkit::TestDb;
-use testkit::bench::{CpuShare, CpuTimes, PgbenchRun, PgbenchTarget, checkpoint};
+use testkit::bench::{CpuShare, CpuSnapshot, CpuTimes, PgbenchRun, PgbenchTarget, checkpoint};
 use tokio_util::sync::CancellationToken;
 use web::WebConfig;
 
@@ -201,22 +201,17 @@ async fn main() {
     for _ in 0..rounds {
         let pgbench_run = pgbench.run(seconds).await;
         checkpoint(&db.pool).await;
-        let (own_before, postgres_before) = testkit::bench::cpu_seconds();
-        let backends_before = testkit::bench::postgres_cpu_by_pid();
-        let started = Instant::now();
+        let cpu_before = CpuSnapshot::take();
         let post = post_phase(addr, &keys, &counter, seconds).await;
-        let busiest_backend = testkit::bench::busiest_process_share(
-            &backends_before,
-            &testkit::bench::postgres_cpu_by_pid(),
-            started.elapsed().as_secs_f64(),
-        );
-        let (own_after, postgres_after) = testkit::bench::cpu_seconds();
+        let cpu_after = CpuSnapshot::take();
         let per_request = |seconds: f64| seconds * 1e6 / post.requests.max(1) as f64;
         results.push(Round {
             pgbench: pgbench_run,
-            web_us_per_request: per_request(own_after - own_before),
-            postgres_us_per_request: per_request(postgres_after - postgres_before),
-            busiest_backend,
+            web_us_per_request: per_request(cpu_after.own_seconds() - cpu_before.own_seconds()),
+            postgres_us_per_request: per_request(
+                cpu_after.postgres_seconds() - cpu_before.postgres_seconds(),
+            ),
+            busiest_backend: cpu_after.busiest_postgres_share_since(&cpu_before),
             post,
         });
     }
