@@ -26,13 +26,6 @@ impl JobArgs for Noop {
     const KIND: &'static str = "noop";
 }
 
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 #[tokio::main]
 async fn main() {
     let telemetry_guard = if std::env::var("BENCH_TELEMETRY").is_ok_and(|v| v == "1") {
@@ -53,10 +46,10 @@ async fn main() {
             .with_writer(std::io::stderr)
             .init();
     }
-    let jobs = env_usize("BENCH_JOBS", 100_000);
+    let jobs = testkit::bench::env_usize("BENCH_JOBS", 100_000);
     // No-op jobs finish in microseconds: it takes many slots to keep the database busy.
-    let workers = env_usize("BENCH_WORKERS", 2000);
-    let sustained_secs = env_usize("BENCH_SUSTAINED_SECS", 20);
+    let workers = testkit::bench::env_usize("BENCH_WORKERS", 2000);
+    let sustained_secs = testkit::bench::env_usize("BENCH_SUSTAINED_SECS", 20);
     println!(
         "## cargo xtask bench queue (telemetry {})\n",
         if telemetry_guard.is_some() {

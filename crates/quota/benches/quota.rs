@@ -38,13 +38,6 @@ const SUMMED_EVENTS: &str = "WITH quota_standing AS ( \
        LEFT JOIN users u ON u.id = i.user_id \
      ) SELECT * FROM quota_standing";
 
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 struct Timings {
     mean: Duration,
     p99: Duration,
@@ -143,7 +136,7 @@ async fn time_summed_events(pool: &PgPool, quota: &Quota, users: &[Uuid], reads:
 
 #[tokio::main]
 async fn main() {
-    let reads = env_usize("BENCH_READS", 300);
+    let reads = testkit::bench::env_usize("BENCH_READS", 300);
     let db = TestDb::new().await;
     let pool = db.pool.clone();
     let quota = Quota::new(QuotaConfig::default()).unwrap();

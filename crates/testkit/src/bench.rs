@@ -11,6 +11,15 @@ use sqlx::PgPool;
 
 use crate::TestDb;
 
+/// The whole number in environment variable `name`, or `default` when it is unset or not one:
+/// the benchmarks' knobs.
+pub fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// A scratch database and script for pgbench's one-row INSERT transactions.
 pub struct PgbenchTarget {
     db: TestDb,
