@@ -73,16 +73,6 @@ pub struct JobSummary {
     pub queue: String,
 }
 
-impl From<&JobRow> for JobSummary {
-    fn from(j: &JobRow) -> Self {
-        JobSummary {
-            id: j.id,
-            state: j.state.into(),
-            queue: j.queue.clone(),
-        }
-    }
-}
-
 impl From<ComposedJob> for JobSummary {
     fn from(j: ComposedJob) -> Self {
         JobSummary {
