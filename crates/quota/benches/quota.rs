@@ -102,8 +102,9 @@ async fn time_reads(
     for _ in 0..reads {
         let mut args = PgArguments::default();
         bind(&mut args);
+        let statement = sqlx::AssertSqlSafe(sql.to_owned());
         let started = Instant::now();
-        let rows: Vec<StandingRow> = sqlx::query_as_with(sqlx::AssertSqlSafe(sql.to_owned()), args)
+        let rows: Vec<StandingRow> = sqlx::query_as_with(statement, args)
             .fetch_all(&mut *conn)
             .await
             .unwrap();
