@@ -1,8 +1,8 @@
 //! `cargo xtask dev`: the whole system on this machine. Without `DATABASE_URL` it starts a private
 //! PostgreSQL from the installed server binaries (in `.fairlane/`), creates the `fairlane_dev`
 //! database and migrates it; creates one demo user per tier and prints their API keys and a sample
-//! `curl`; starts every Fairlane service; and stops them all on Ctrl-C. Without `REDIS_URL` the API
-//! uses the in-memory rate limiter.
+//! `curl`; starts every Fairlane service; and on Ctrl-C stops them all, then the private
+//! PostgreSQL if this run started it. Without `REDIS_URL` the API uses the in-memory rate limiter.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -28,10 +28,13 @@ const SERVICES: [(&str, u16); 4] = [
 
 pub(crate) fn run(port: u16) -> anyhow::Result<()> {
     let root = workspace_root();
+    // Declared before the services, so that on every way out it is dropped after them.
+    let mut private_postgres = PrivatePostgres(None);
     let database_url = match std::env::var("DATABASE_URL") {
         Ok(url) => url,
         Err(_) => {
-            let server = services::start_private_postgres(Durability::Default)?;
+            let (server, started) = services::start_private_postgres_owned(Durability::Default)?;
+            private_postgres.0 = started;
             create_database(&server, "fairlane_dev")?;
             with_database(&server, "fairlane_dev")
         }
@@ -79,7 +82,7 @@ pub(crate) fn run(port: u16) -> anyhow::Result<()> {
     ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
         .context("installing the Ctrl-C handler")?;
 
-    let mut children: Vec<(String, Child)> = Vec::new();
+    let mut running = Services(Vec::new());
     for (bin, http_port) in SERVICES.iter().filter(|(b, _)| bins.contains(b)) {
         let mut child_env = env.clone();
         if *http_port != 0 {
@@ -91,7 +94,7 @@ pub(crate) fn run(port: u16) -> anyhow::Result<()> {
             .stdin(Stdio::null())
             .spawn()
             .with_context(|| format!("starting {bin}"))?;
-        children.push(((*bin).to_owned(), child));
+        running.0.push(((*bin).to_owned(), child));
     }
     wait_ready(port, &stop)?;
     print_welcome(port, &keys, &admin_token);
@@ -99,30 +102,72 @@ pub(crate) fn run(port: u16) -> anyhow::Result<()> {
     // Run until Ctrl-C or until a service dies.
     let mut failed = None;
     while !stop.load(Ordering::SeqCst) && failed.is_none() {
-        for (name, child) in &mut children {
+        for (name, child) in &mut running.0 {
             if let Ok(Some(status)) = child.try_wait() {
                 failed = Some(format!("{name} exited ({status})"));
             }
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-    say("stopping every service");
-    for (_, child) in &children {
-        terminate(child);
-    }
-    let deadline = Instant::now() + Duration::from_secs(40);
-    for (name, child) in &mut children {
-        while child.try_wait().ok().flatten().is_none() {
-            if Instant::now() > deadline {
-                say(format!("{name} did not stop in time; killing it"));
-                let _ = child.kill();
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
+    running.stop();
+    private_postgres.stop();
     match failed {
         Some(reason) => bail!(reason),
         None => Ok(()),
+    }
+}
+
+/// The services [`run`] started. Dropping it stops them, so an early error leaves none running.
+struct Services(Vec<(String, Child)>);
+
+impl Services {
+    /// SIGTERM to each, so that each drains; a service still running 40 s later is killed.
+    fn stop(&mut self) {
+        if self.0.is_empty() {
+            return;
+        }
+        say("stopping every service");
+        for (_, child) in &self.0 {
+            terminate(child);
+        }
+        let deadline = Instant::now() + Duration::from_secs(40);
+        for (name, child) in &mut self.0 {
+            while child.try_wait().ok().flatten().is_none() {
+                if Instant::now() > deadline {
+                    say(format!("{name} did not stop in time; killing it"));
+                    let _ = child.kill();
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        self.0.clear();
+    }
+}
+
+impl Drop for Services {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The private PostgreSQL, if [`run`] started it (one that was already running is left so).
+/// Dropping it stops the server; its data stays for the next run.
+struct PrivatePostgres(Option<services::StartedPostgres>);
+
+impl PrivatePostgres {
+    fn stop(&mut self) {
+        if let Some(server) = self.0.take() {
+            say("stopping the private PostgreSQL (its data stays in .fairlane/postgres)");
+            if let Err(e) = server.stop() {
+                say(format!("could not stop the private PostgreSQL: {e:#}"));
+            }
+        }
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 

@@ -141,9 +141,42 @@ fn pg_command(bindir: &Path, tool: &str, args: &[&str]) -> anyhow::Result<()> {
 }
 
 pub(crate) fn start_private_postgres(durability: Durability) -> anyhow::Result<String> {
+    Ok(start_private_postgres_owned(durability)?.0)
+}
+
+/// A private PostgreSQL server this process started.
+pub(crate) struct StartedPostgres {
+    bindir: PathBuf,
+    data: PathBuf,
+}
+
+impl StartedPostgres {
+    /// Stops the server, ending its sessions (`pg_ctl stop -m fast`); its data stays for the
+    /// next start.
+    pub(crate) fn stop(self) -> anyhow::Result<()> {
+        pg_command(
+            &self.bindir,
+            "pg_ctl",
+            &[
+                "-D",
+                &self.data.to_string_lossy(),
+                "-m",
+                "fast",
+                "-w",
+                "stop",
+            ],
+        )
+    }
+}
+
+/// Like [`start_private_postgres`], and tells whether this call started the server (`None`
+/// when one was already running on the private port).
+pub(crate) fn start_private_postgres_owned(
+    durability: Durability,
+) -> anyhow::Result<(String, Option<StartedPostgres>)> {
     let url = format!("postgres://postgres@127.0.0.1:{PRIVATE_PG_PORT}/postgres");
     if reachable(&format!("127.0.0.1:{PRIVATE_PG_PORT}")) {
-        return Ok(url);
+        return Ok((url, None));
     }
     let bindir = postgres_bindir()?;
     let dir = state_dir().join("postgres");
@@ -196,7 +229,7 @@ pub(crate) fn start_private_postgres(durability: Durability) -> anyhow::Result<S
     say(format!(
         "private PostgreSQL running at {url} (stop: pg_ctl -D {data_str} stop)"
     ));
-    Ok(url)
+    Ok((url, Some(StartedPostgres { bindir, data })))
 }
 
 fn start_private_redis() -> anyhow::Result<String> {
