@@ -128,6 +128,12 @@ impl Client {
         Ok(inserted)
     }
 
+    /// Starts sending wake-ups (NOTIFY) from the current runtime. Without it the sender starts
+    /// on the runtime of the first commit that wakes producers.
+    pub fn start_waker(&self) {
+        self.waker.start();
+    }
+
     fn wake_for(&self, inserted: &[Inserted]) {
         self.waker.wake(
             inserted

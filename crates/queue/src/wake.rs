@@ -64,6 +64,11 @@ impl Waker {
         }
     }
 
+    /// Starts the sending task on the current runtime, if there is one and it has not started.
+    pub fn start(self: &Arc<Self>) {
+        let _ = self.sender();
+    }
+
     /// Registers a producer of `queue` in this process to be woken directly.
     pub(crate) fn subscribe_local(&self, queue: &str, notify: Arc<Notify>) {
         self.local

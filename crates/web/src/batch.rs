@@ -9,13 +9,21 @@
 //! Nothing waits for a batch to fill: an idle server runs a batch of one at once, and a busy one
 //! gathers as many items as arrive while the previous batch runs — the idea of PostgreSQL's
 //! group commit.
+//!
+//! Collectors run on a [`BatchThread`]: a thread of their own with a single-threaded Tokio runtime,
+//! whose I/O driver serves only their database connections. On the server's runtime a
+//! collector's reply from PostgreSQL waited behind the HTTP tasks its previous batch had just
+//! woken, and a batch is four round trips one after the other (ADR 0012).
 
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use futures_util::FutureExt;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::task::TaskTracker;
 
 /// The work a [`Batcher`] does for a batch.
 pub trait BatchRun: Send + Sync + 'static {
@@ -71,15 +79,18 @@ impl<R: BatchRun> Clone for Batcher<R> {
 }
 
 impl<R: BatchRun> Batcher<R> {
-    /// Starts `shards` collectors (at least one) on the current Tokio runtime, each running
-    /// batches of at most `max_batch` items (at least one).
-    pub fn start(runner: R, max_batch: usize, shards: usize) -> Self {
+    /// Starts `shards` collectors (at least one) on `thread`, each running batches of at most
+    /// `max_batch` items (at least one).
+    pub fn start(thread: &BatchThread, runner: R, max_batch: usize, shards: usize) -> Self {
         let max_batch = max_batch.max(1);
         let runner = Arc::new(runner);
         let shards: Vec<_> = (0..shards.max(1))
             .map(|_| {
                 let (sender, receiver) = mpsc::channel(max_batch * 2);
-                tokio::spawn(collect(Arc::clone(&runner), receiver, max_batch));
+                thread.tracker.spawn_on(
+                    collect(Arc::clone(&runner), receiver, max_batch),
+                    &thread.handle,
+                );
                 sender
             })
             .collect();
@@ -99,6 +110,90 @@ impl<R: BatchRun> Batcher<R> {
             .await
             .map_err(|_| BatchFailed)?;
         output.await.map_err(|_| BatchFailed)
+    }
+}
+
+/// The thread batch collectors run on: a single-threaded Tokio runtime of its own. Connections
+/// opened from it ([`BatchThread::pool`]) are driven by its I/O driver, so a collector is woken
+/// as soon as PostgreSQL answers, however busy the server's runtime is.
+///
+/// [`BatchThread::stop`] (or dropping it) lets the thread end once every collector on it has
+/// stopped (each stops when its [`Batcher`] is dropped and its queue is drained); it then closes
+/// its pools.
+#[derive(Debug)]
+pub struct BatchThread {
+    handle: tokio::runtime::Handle,
+    tracker: TaskTracker,
+    pools: Arc<std::sync::Mutex<Vec<PgPool>>>,
+    /// Dropping it tells the thread to end when its collectors have.
+    stop: Option<oneshot::Sender<()>>,
+    /// Resolves when the thread has closed its pools.
+    done: Option<oneshot::Receiver<()>>,
+}
+
+impl BatchThread {
+    /// Starts the thread, named `name`.
+    pub fn start(name: &str) -> std::io::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let handle = runtime.handle().clone();
+        let tracker = TaskTracker::new();
+        let pools: Arc<std::sync::Mutex<Vec<PgPool>>> = Arc::default();
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (finished, done) = oneshot::channel::<()>();
+        let (collectors, opened) = (tracker.clone(), Arc::clone(&pools));
+        std::thread::Builder::new()
+            .name(name.to_owned())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    // Resolves (with an error) when the sender is dropped.
+                    let _ = stopped.await;
+                    collectors.close();
+                    collectors.wait().await;
+                    let pools =
+                        std::mem::take(&mut *opened.lock().unwrap_or_else(|e| e.into_inner()));
+                    for pool in pools {
+                        pool.close().await;
+                    }
+                });
+                let _ = finished.send(());
+            })?;
+        Ok(BatchThread {
+            handle,
+            tracker,
+            pools,
+            stop: Some(stop),
+            done: Some(done),
+        })
+    }
+
+    /// A pool of at most `max_connections` connections like `pool`'s (same server, same
+    /// session settings), opened from this thread, for its collectors; closed when the thread
+    /// ends.
+    pub fn pool(&self, pool: &PgPool, max_connections: u32) -> PgPool {
+        // The pool's own tasks start on the runtime entered here, and its connections are opened
+        // by the collectors' acquires, which run on this thread.
+        let _entered = self.handle.enter();
+        let own = PgPoolOptions::new()
+            .max_connections(max_connections.max(1))
+            .acquire_timeout(std::time::Duration::from_secs(10))
+            .connect_lazy_with((*pool.connect_options()).clone());
+        self.pools
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(own.clone());
+        own
+    }
+
+    /// Lets the thread end once its collectors have (drop their [`Batcher`]s first) and waits up
+    /// to `patience` for it to close its pools; says whether it did.
+    pub async fn stop(mut self, patience: std::time::Duration) -> bool {
+        self.stop.take();
+        match self.done.take() {
+            Some(done) => tokio::time::timeout(patience, done).await.is_ok(),
+            None => true,
+        }
     }
 }
 
@@ -176,10 +271,14 @@ mod tests {
         }
     }
 
+    fn thread() -> BatchThread {
+        BatchThread::start("batch-test").unwrap()
+    }
+
     #[tokio::test]
     async fn concurrent_items_share_batches_and_each_gets_its_own_output() {
         let doubler = Arc::new(Doubler::default());
-        let batcher = Batcher::start(Arc::clone(&doubler), 8, 2);
+        let batcher = Batcher::start(&thread(), Arc::clone(&doubler), 8, 2);
         let tasks: Vec<_> = (100..140u64)
             .map(|i| {
                 let b = batcher.clone();
@@ -199,7 +298,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_lone_item_runs_at_once() {
-        let batcher = Batcher::start(Arc::new(Doubler::default()), 64, 1);
+        let batcher = Batcher::start(&thread(), Arc::new(Doubler::default()), 64, 1);
         let started = std::time::Instant::now();
         assert_eq!(batcher.submit(4).await.unwrap(), 8);
         assert!(started.elapsed() < Duration::from_secs(1));
@@ -207,7 +306,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_panicking_or_unanswered_batch_fails_its_items_and_the_batcher_goes_on() {
-        let batcher = Batcher::start(Arc::new(Doubler::default()), 1, 1);
+        let batcher = Batcher::start(&thread(), Arc::new(Doubler::default()), 1, 1);
         assert!(batcher.submit(13).await.is_err());
         assert!(batcher.submit(99).await.is_err());
         assert_eq!(batcher.submit(5).await.unwrap(), 10);
@@ -216,7 +315,7 @@ mod tests {
     #[tokio::test]
     async fn requests_abandoned_before_their_batch_are_skipped() {
         let doubler = Arc::new(Doubler::default());
-        let batcher = Batcher::start(Arc::clone(&doubler), 8, 1);
+        let batcher = Batcher::start(&thread(), Arc::clone(&doubler), 8, 1);
         let busy = {
             let b = batcher.clone();
             tokio::spawn(async move { b.submit(1).await })
@@ -233,7 +332,7 @@ mod tests {
     #[tokio::test]
     async fn items_of_one_shard_run_one_batch_at_a_time_in_order() {
         let doubler = Arc::new(Doubler::default());
-        let batcher = Batcher::start(Arc::clone(&doubler), 4, 2);
+        let batcher = Batcher::start(&thread(), Arc::clone(&doubler), 4, 2);
         // Even numbers all land on shard 0.
         let tasks: Vec<_> = (0..20u64)
             .map(|i| {
@@ -245,5 +344,76 @@ mod tests {
             assert_eq!(t.await.unwrap(), 2 * (200 + 2 * i as u64));
         }
         assert_eq!(doubler.most_running.load(Ordering::SeqCst), 1);
+    }
+
+    /// Answers every item with the backend serving the batch and the name of the thread it ran
+    /// on.
+    struct Backend {
+        pool: PgPool,
+    }
+
+    impl BatchRun for Backend {
+        type Item = ();
+        type Output = (i32, String);
+        fn shard_key(_: &()) -> u64 {
+            0
+        }
+        async fn run(&self, batch: Vec<Pending<Self>>) {
+            let (pid,): (i32,) = sqlx::query_as("SELECT pg_backend_pid()")
+                .fetch_one(&self.pool)
+                .await
+                .unwrap();
+            let thread = std::thread::current().name().unwrap_or_default().to_owned();
+            for p in batch {
+                p.answer((pid, thread.clone()));
+            }
+        }
+    }
+
+    async fn is_connected(pool: &PgPool, pid: i32) -> bool {
+        let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
+            .bind(pid)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        n > 0
+    }
+
+    #[tokio::test]
+    async fn collectors_run_on_the_batch_thread_and_its_stop_closes_their_connections() {
+        let db = testkit::TestDb::new().await;
+        let thread = BatchThread::start("batch-db-test").unwrap();
+        let batcher = Batcher::start(
+            &thread,
+            Backend {
+                pool: thread.pool(&db.pool, 1),
+            },
+            8,
+            1,
+        );
+        let (pid, name) = batcher.submit(()).await.unwrap();
+        assert_eq!(name, "batch-db-test");
+        assert!(is_connected(&db.pool, pid).await);
+
+        drop(batcher);
+        assert!(thread.stop(Duration::from_secs(10)).await);
+        // The backend leaves once it has read the connection's goodbye.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while is_connected(&db.pool, pid).await {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the batch thread's connection is still open"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn stop_waits_for_collectors_whose_batcher_is_still_alive() {
+        let thread = BatchThread::start("batch-test-alive").unwrap();
+        let batcher = Batcher::start(&thread, Arc::new(Doubler::default()), 8, 1);
+        assert!(!thread.stop(Duration::from_millis(100)).await);
+        // The collector still serves until its batcher is dropped.
+        assert_eq!(batcher.submit(21).await.unwrap(), 42);
     }
 }

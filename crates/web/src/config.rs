@@ -13,7 +13,8 @@ use serde::{Deserialize, Serialize};
 pub struct WebConfig {
     /// PostgreSQL URL.
     pub database_url: String,
-    /// Most pooled database connections.
+    /// Most pooled database connections. The batch thread opens its own besides: one for API-key
+    /// look-ups and one per enqueue collector, plus one spare each (ADR 0012).
     pub database_max_connections: u32,
     /// Address the HTTP server listens on.
     pub http_addr: String,
@@ -43,8 +44,8 @@ pub struct WebConfig {
     pub resolve_timeout: Duration,
     /// Most `POST` requests enqueued together in one transaction (docs/web.md, ADR 0007).
     pub enqueue_batch_max: usize,
-    /// Enqueue transactions running at once, each for its own share of the users (each holds one
-    /// pooled connection while it runs).
+    /// Enqueue transactions running at once, each for its own share of the users (each with a
+    /// connection of its own on the batch thread, outside `database_max_connections`).
     pub enqueue_batch_concurrency: usize,
     /// `QUOTA_*` settings.
     #[serde(flatten)]

@@ -96,8 +96,13 @@ pub fn pool(config: &WebConfig) -> anyhow::Result<PgPool> {
 }
 
 /// Builds the shared state (rate limiter, quota, queue client with the quota hook, the
-/// batching enqueuer). Must be called inside a Tokio runtime (the enqueuer starts its tasks).
-pub fn build_state(config: &WebConfig, pool: PgPool) -> anyhow::Result<AppState> {
+/// batching enqueuer and key look-up, whose collectors run on `batch_thread`). Must be called
+/// inside a Tokio runtime (the wake-up sender starts on it).
+pub fn build_state(
+    config: &WebConfig,
+    pool: PgPool,
+    batch_thread: &batch::BatchThread,
+) -> anyhow::Result<AppState> {
     let quota = quota::Quota::new(config.quota.clone()).context("quota configuration")?;
     let limiter = if config.ratelimit_enabled {
         Some(
@@ -116,22 +121,31 @@ pub fn build_state(config: &WebConfig, pool: PgPool) -> anyhow::Result<AppState>
     };
     let queue =
         queue::Client::new(pool.clone()).with_hooks(vec![Arc::new(quota::QuotaHook::new())]);
+    // Wake-ups are sent from this runtime, not from the batch thread whose commits ask for them.
+    queue.start_waker();
+    // The collectors run on a thread of their own, with connections of their own (ADR 0012).
     // One collector: on a busy server, bigger batches cost less per request than parallel ones.
     let key_lookup = batch::Batcher::start(
+        batch_thread,
         auth::KeyLookup {
-            connections: held::HeldConnections::new(pool.clone()),
+            connections: held::HeldConnections::new(batch_thread.pool(&pool, 2)),
         },
         64,
         1,
     );
+    let enqueue_collectors = config.enqueue_batch_concurrency.max(1);
     let enqueuer = batch::Batcher::start(
+        batch_thread,
         enqueue::EnqueueRunner {
             queue: queue.clone(),
             quota: quota.clone(),
-            connections: held::HeldConnections::new(pool.clone()),
+            connections: held::HeldConnections::new(batch_thread.pool(
+                &pool,
+                u32::try_from(enqueue_collectors + 1).unwrap_or(u32::MAX),
+            )),
         },
         config.enqueue_batch_max,
-        config.enqueue_batch_concurrency,
+        enqueue_collectors,
     );
     let mut url_policy = inventory::UrlPolicy::with_file_urls(config.analyzer_allow_file_urls);
     url_policy.allow_private_hosts = config.analyzer_allow_private_hosts;
@@ -233,6 +247,7 @@ pub struct Server {
     listener: TcpListener,
     app: Router,
     pool: PgPool,
+    batch_thread: batch::BatchThread,
 }
 
 impl Server {
@@ -244,7 +259,9 @@ impl Server {
 
     /// [`Server::bind`] with an existing pool.
     pub async fn bind_with_pool(config: &WebConfig, pool: PgPool) -> anyhow::Result<Server> {
-        let state = build_state(config, pool.clone())?;
+        let batch_thread = batch::BatchThread::start("fairlane-batches")
+            .context("starting the batch collectors' thread")?;
+        let state = build_state(config, pool.clone(), &batch_thread)?;
         let app = router(state, config);
         let listener = TcpListener::bind(&config.http_addr)
             .await
@@ -253,6 +270,7 @@ impl Server {
             listener,
             app,
             pool,
+            batch_thread,
         })
     }
 
@@ -261,7 +279,7 @@ impl Server {
     }
 
     /// Serves until `shutdown` fires; then stops accepting, lets in-flight requests finish and
-    /// closes the pool.
+    /// closes the pools.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let addr = self.local_addr()?;
         tracing::info!(%addr, "listening");
@@ -273,6 +291,10 @@ impl Server {
         .await
         .context("HTTP server failed")?;
         tracing::info!("HTTP server stopped; in-flight requests finished");
+        // The state, and with it the batchers, went with the server: the collectors stop.
+        if !self.batch_thread.stop(Duration::from_secs(10)).await {
+            tracing::warn!("the batch collectors did not stop within 10 s");
+        }
         self.pool.close().await;
         Ok(())
     }
