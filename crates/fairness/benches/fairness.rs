@@ -175,7 +175,7 @@ async fn run(tiers: &[Tier], order: &[usize], workers: usize, fair: bool) -> Out
     }
     let engine = builder.build().unwrap();
     let shutdown = CancellationToken::new();
-    let cpu_before = testkit::bench::cpu_seconds();
+    let cpu_before = testkit::bench::CpuSnapshot::take();
     let started = Instant::now();
     let handle = tokio::spawn(engine.run(shutdown.clone()));
     loop {
@@ -193,7 +193,7 @@ async fn run(tiers: &[Tier], order: &[usize], workers: usize, fair: bool) -> Out
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let elapsed = started.elapsed().as_secs_f64();
-    let cpu_after = testkit::bench::cpu_seconds();
+    let cpu_after = testkit::bench::CpuSnapshot::take();
     shutdown.cancel();
     handle.await.unwrap().unwrap();
     let snoozes: i64 = sqlx::query_scalar(
@@ -234,8 +234,8 @@ async fn run(tiers: &[Tier], order: &[usize], workers: usize, fair: bool) -> Out
     let per_job = 1e6 / (USERS * JOBS_PER_USER) as f64;
     Outcome {
         cpu_us: (
-            (cpu_after.0 - cpu_before.0) * per_job,
-            (cpu_after.1 - cpu_before.1) * per_job,
+            cpu_after.own_seconds_since(&cpu_before) * per_job,
+            cpu_after.postgres_seconds_since(&cpu_before) * per_job,
         ),
         jobs_per_sec: (USERS * JOBS_PER_USER) as f64 / elapsed,
         snoozes,

@@ -124,7 +124,7 @@ async fn main() {
         .unwrap();
     let shutdown = CancellationToken::new();
     let scans_before = seq_scans(&pool).await;
-    let cpu_before = testkit::bench::cpu_seconds();
+    let cpu_before = testkit::bench::CpuSnapshot::take();
     let started = Instant::now();
     let handle = tokio::spawn(engine.run(shutdown.clone()));
     loop {
@@ -143,7 +143,7 @@ async fn main() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let burn_secs = started.elapsed().as_secs_f64();
-    let cpu_after = testkit::bench::cpu_seconds();
+    let cpu_after = testkit::bench::CpuSnapshot::take();
     shutdown.cancel();
     let scans_after = seq_scans(&pool).await;
     handle.await.unwrap().unwrap();
@@ -153,8 +153,8 @@ async fn main() {
     );
     println!(
         "| burn-down CPU: this process / PostgreSQL server processes | {:.2} s / {:.2} s (wall {burn_secs:.2} s) |",
-        cpu_after.0 - cpu_before.0,
-        cpu_after.1 - cpu_before.1
+        cpu_after.own_seconds_since(&cpu_before),
+        cpu_after.postgres_seconds_since(&cpu_before)
     );
     println!(
         "| burn-down sequential scans of fairlane_job (scans / rows read) | {} / {} |",

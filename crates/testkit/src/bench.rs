@@ -253,14 +253,22 @@ impl CpuSnapshot {
         }
     }
 
-    /// CPU seconds of this process.
-    pub fn own_seconds(&self) -> f64 {
-        self.own
+    /// CPU seconds this process used since `before`.
+    pub fn own_seconds_since(&self, before: &CpuSnapshot) -> f64 {
+        self.own - before.own
     }
 
-    /// CPU seconds of all `postgres` processes together.
-    pub fn postgres_seconds(&self) -> f64 {
-        self.postgres_by_pid.values().sum()
+    /// CPU seconds all `postgres` processes used since `before`, process by process: one that
+    /// started since counts whole, and one that ended since counts nothing. (A difference of
+    /// totals would subtract what a process that ended had used before `before`, such as the
+    /// backends of a pgbench run that were still closing, and could go below zero.)
+    pub fn postgres_seconds_since(&self, before: &CpuSnapshot) -> f64 {
+        self.postgres_by_pid
+            .iter()
+            .map(|(pid, seconds)| {
+                (seconds - before.postgres_by_pid.get(pid).unwrap_or(&0.0)).max(0.0)
+            })
+            .sum()
     }
 
     /// The share of one core (0.0 to 1.0) the busiest `postgres` process used since `before`.
@@ -275,15 +283,29 @@ impl CpuSnapshot {
     }
 }
 
-/// CPU seconds used so far by this process and by all `postgres` processes on the machine.
-pub fn cpu_seconds() -> (f64, f64) {
-    let now = CpuSnapshot::take();
-    (now.own_seconds(), now.postgres_seconds())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn postgres_cpu_since_counts_each_process_once_and_never_goes_below_zero() {
+        let taken = Instant::now();
+        let before = CpuSnapshot {
+            taken,
+            own: 10.0,
+            // 2 ends before the second reading, after using 3 s.
+            postgres_by_pid: BTreeMap::from([(1, 5.0), (2, 3.0)]),
+        };
+        let after = CpuSnapshot {
+            taken,
+            own: 12.5,
+            // 3 started in between.
+            postgres_by_pid: BTreeMap::from([(1, 6.5), (3, 0.5)]),
+        };
+        assert_eq!(after.own_seconds_since(&before), 2.5);
+        // Totals would give 7.0 - 8.0 = -1.0.
+        assert_eq!(after.postgres_seconds_since(&before), 2.0);
+    }
 
     #[test]
     fn cpu_share_splits_the_ticks_between_two_readings() {

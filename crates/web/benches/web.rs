@@ -207,10 +207,8 @@ async fn main() {
         let per_request = |seconds: f64| seconds * 1e6 / post.requests.max(1) as f64;
         results.push(Round {
             pgbench: pgbench_run,
-            web_us_per_request: per_request(cpu_after.own_seconds() - cpu_before.own_seconds()),
-            postgres_us_per_request: per_request(
-                cpu_after.postgres_seconds() - cpu_before.postgres_seconds(),
-            ),
+            web_us_per_request: per_request(cpu_after.own_seconds_since(&cpu_before)),
+            postgres_us_per_request: per_request(cpu_after.postgres_seconds_since(&cpu_before)),
             busiest_backend: cpu_after.busiest_postgres_share_since(&cpu_before),
             post,
         });
