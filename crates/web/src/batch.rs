@@ -237,6 +237,7 @@ async fn collect<R: BatchRun>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::held::tests::is_connected;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
 
@@ -368,15 +369,6 @@ mod tests {
                 p.answer((pid, thread.clone()));
             }
         }
-    }
-
-    async fn is_connected(pool: &PgPool, pid: i32) -> bool {
-        let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
-            .bind(pid)
-            .fetch_one(pool)
-            .await
-            .unwrap();
-        n > 0
     }
 
     #[tokio::test]

@@ -88,7 +88,7 @@ impl HeldConnections {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used)]
 
     use std::time::Duration;
@@ -103,7 +103,8 @@ mod tests {
         pid
     }
 
-    async fn is_connected(pool: &PgPool, pid: i32) -> bool {
+    /// Whether backend `pid` is still connected.
+    pub(crate) async fn is_connected(pool: &PgPool, pid: i32) -> bool {
         let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM pg_stat_activity WHERE pid = $1")
             .bind(pid)
             .fetch_one(pool)
