@@ -126,9 +126,9 @@ pub struct BatchThread {
     tracker: TaskTracker,
     pools: Arc<std::sync::Mutex<Vec<PgPool>>>,
     /// Dropping it tells the thread to end when its collectors have.
-    stop: Option<oneshot::Sender<()>>,
+    stop: oneshot::Sender<()>,
     /// Resolves when the thread has closed its pools.
-    done: Option<oneshot::Receiver<()>>,
+    done: oneshot::Receiver<()>,
 }
 
 impl BatchThread {
@@ -163,8 +163,8 @@ impl BatchThread {
             handle,
             tracker,
             pools,
-            stop: Some(stop),
-            done: Some(done),
+            stop,
+            done,
         })
     }
 
@@ -188,12 +188,10 @@ impl BatchThread {
 
     /// Lets the thread end once its collectors have (drop their [`Batcher`]s first) and waits up
     /// to `patience` for it to close its pools; says whether it did.
-    pub async fn stop(mut self, patience: std::time::Duration) -> bool {
-        self.stop.take();
-        match self.done.take() {
-            Some(done) => tokio::time::timeout(patience, done).await.is_ok(),
-            None => true,
-        }
+    pub async fn stop(self, patience: std::time::Duration) -> bool {
+        let BatchThread { stop, done, .. } = self;
+        drop(stop);
+        tokio::time::timeout(patience, done).await.is_ok()
     }
 }
 
