@@ -213,9 +213,19 @@ fn postgres_cpu_by_pid() -> BTreeMap<u32, f64> {
     by_pid
 }
 
+/// CPU seconds each process in `after` used since `before`: one that started in between counts
+/// from zero; one that ended in between is not in `after` and counts nothing.
+fn used_since<'a>(
+    before: &'a BTreeMap<u32, f64>,
+    after: &'a BTreeMap<u32, f64>,
+) -> impl Iterator<Item = f64> + 'a {
+    after
+        .iter()
+        .map(|(pid, seconds)| (seconds - before.get(pid).copied().unwrap_or(0.0)).max(0.0))
+}
+
 /// The largest share of one core (0.0 to 1.0) that a single process used between two readings
-/// of CPU seconds by pid, `elapsed_seconds` apart; processes that started in between count from
-/// zero. `None` without readings.
+/// of CPU seconds by pid, `elapsed_seconds` apart ([`used_since`]). `None` without readings.
 fn busiest_process_share(
     before: &BTreeMap<u32, f64>,
     after: &BTreeMap<u32, f64>,
@@ -224,9 +234,7 @@ fn busiest_process_share(
     if elapsed_seconds <= 0.0 {
         return None;
     }
-    after
-        .iter()
-        .map(|(pid, seconds)| (seconds - before.get(pid).copied().unwrap_or(0.0)).max(0.0))
+    used_since(before, after)
         .max_by(f64::total_cmp)
         .map(|used| used / elapsed_seconds)
 }
@@ -263,12 +271,7 @@ impl CpuSnapshot {
     /// totals would subtract what a process that ended had used before `before`, such as the
     /// backends of a pgbench run that were still closing, and could go below zero.)
     pub fn postgres_seconds_since(&self, before: &CpuSnapshot) -> f64 {
-        self.postgres_by_pid
-            .iter()
-            .map(|(pid, seconds)| {
-                (seconds - before.postgres_by_pid.get(pid).unwrap_or(&0.0)).max(0.0)
-            })
-            .sum()
+        used_since(&before.postgres_by_pid, &self.postgres_by_pid).sum()
     }
 
     /// The share of one core (0.0 to 1.0) the busiest `postgres` process used since `before`.
