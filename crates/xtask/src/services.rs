@@ -271,7 +271,8 @@ fn start_private_redis() -> anyhow::Result<String> {
     bail!("redis-server started but does not answer on port {PRIVATE_REDIS_PORT}")
 }
 
-/// Drops databases left by earlier test runs (they are kept after failures for inspection).
+/// Drops databases left by earlier test and bench runs (a test's is kept until then, for
+/// inspection after a failure).
 pub(crate) fn drop_old_test_databases(url: &str) {
     let url = libpq_url(url);
     let list = Command::new("psql")
@@ -288,7 +289,7 @@ pub(crate) fn drop_old_test_databases(url: &str) {
         return;
     }
     say(format!(
-        "dropping {} databases of earlier test runs",
+        "dropping {} databases of earlier test and bench runs",
         names.len()
     ));
     for name in names {
