@@ -34,8 +34,8 @@ impl Suite {
 pub(crate) fn run(suite: Suite) -> anyhow::Result<()> {
     let database_url = services::postgres(Durability::Default)?;
     let redis_url = services::redis()?;
-    // Each bench leaves the databases it filled, as tests do (a web run leaves two with about
-    // 100,000 jobs); a run starts by dropping them, so they do not pile up on the disk.
+    // Each bench leaves the databases it filled, as tests do (a web run leaves about 250 MB);
+    // a run starts by dropping them, so they do not pile up on the disk.
     services::drop_old_test_databases(&database_url);
     let (package, bench) = suite.target();
     cargo(
