@@ -55,13 +55,14 @@ async function main() {
       },
       taskList: { noop: async () => {} },
     });
-    // Completed jobs are deleted: the burn-down ends when the table is empty.
+    // Completed jobs are deleted: the burn-down ends when the table is empty. An EXISTS probe
+    // every 100 ms, as Fairlane's bench watches its own, so that watching costs the peer little.
     for (;;) {
       const { rows } = await pool.query(
-        "SELECT count(*)::int AS left FROM graphile_worker._private_jobs",
+        "SELECT EXISTS (SELECT 1 FROM graphile_worker._private_jobs) AS left",
       );
-      if (rows[0].left === 0) break;
-      await new Promise((resolve) => setTimeout(resolve, 20));
+      if (!rows[0].left) break;
+      await new Promise((resolve) => setTimeout(resolve, 100));
     }
     const seconds = (Date.now() - start) / 1000;
     await runner.stop();
