@@ -235,7 +235,7 @@ async fn collect<R: BatchRun>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::held::tests::is_connected;
+    use crate::held::tests::{is_connected, wait_until_disconnected};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
 
@@ -387,15 +387,7 @@ mod tests {
 
         drop(batcher);
         assert!(thread.stop(Duration::from_secs(10)).await);
-        // The backend leaves once it has read the connection's goodbye.
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while is_connected(&db.pool, pid).await {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the batch thread's connection is still open"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_until_disconnected(&db.pool, pid, "the batch thread's connection is still open").await;
     }
 
     #[tokio::test]

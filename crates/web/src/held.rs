@@ -113,6 +113,16 @@ pub(crate) mod tests {
         n > 0
     }
 
+    /// Waits up to 10 s for backend `pid` to leave (it does once it has read its connection's
+    /// goodbye); fails with `message` if it stays.
+    pub(crate) async fn wait_until_disconnected(pool: &PgPool, pid: i32, message: &str) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while is_connected(pool, pid).await {
+            assert!(std::time::Instant::now() < deadline, "{message}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     #[tokio::test]
     async fn a_kept_connection_is_reused_and_one_not_kept_is_closed() {
         let db = testkit::TestDb::new().await;
@@ -131,14 +141,7 @@ pub(crate) mod tests {
             .await
             .unwrap_err();
         drop(conn);
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while is_connected(&db.pool, kept).await {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the connection stayed open"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_until_disconnected(&db.pool, kept, "the connection stayed open").await;
         let mut fresh = held.take().await.unwrap();
         assert_ne!(backend_pid(&mut fresh).await, kept);
         let (ok,): (i32,) = sqlx::query_as("SELECT 1")
