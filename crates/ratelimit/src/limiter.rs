@@ -560,7 +560,9 @@ impl Inner {
                 };
             }
         }
-        let sent = Instant::now();
+        // Read only where the deny cache needs it: a clock read is a measurable share of a
+        // local decision.
+        let sent = self.deny_cache.as_ref().map(|_| Instant::now());
         let (verdict, source) = match self.call_backend(counter_key, &policy).await {
             Ok(verdict) => (verdict, DecisionSource::Backend),
             Err(failure) => {
@@ -604,6 +606,7 @@ impl Inner {
         if !verdict.allowed
             && source == DecisionSource::Backend
             && let Some(cache) = &self.deny_cache
+            && let Some(sent) = sent
         {
             cache.insert(
                 counter_key,
@@ -640,6 +643,9 @@ impl Inner {
         policy: &Policy,
     ) -> Result<crate::algorithms::Verdict, BackendFailure> {
         if self.backend.is_local() {
+            if let Some(decision) = self.backend.decide_in_process(counter_key, policy) {
+                return Ok(decision.verdict);
+            }
             return self
                 .backend
                 .decide(counter_key, policy)

@@ -89,6 +89,8 @@ pub struct MatchedRule {
 #[derive(Debug, Clone)]
 pub struct RuleSet {
     domain: String,
+    /// `{` and the escaped domain: how every counter key starts.
+    key_head: String,
     source: String,
     roots: Vec<KeyGroup>,
     rules: Vec<Arc<Rule>>,
@@ -104,6 +106,8 @@ struct Node {
 #[derive(Debug, Clone)]
 struct KeyGroup {
     key: String,
+    /// `|`, the escaped key and `=`: what a match of this group adds to a counter key.
+    key_segment: String,
     request_key: Option<DescriptorKey>,
     exact: HashMap<String, Node>,
     /// Wildcard (`value*`) siblings, longest prefix first.
@@ -158,8 +162,7 @@ impl RuleSet {
     pub fn match_request(&self, request: &RateLimitRequest) -> Vec<MatchedRule> {
         let mut out = Vec::new();
         let mut identity = String::with_capacity(64);
-        identity.push('{');
-        push_escaped(&mut identity, &self.domain);
+        identity.push_str(&self.key_head);
         walk(&self.roots, request, &mut identity, &mut out);
         if out.iter().any(|m| !m.rule.replaces.is_empty()) {
             let replaced: HashSet<&str> = out
@@ -193,9 +196,7 @@ fn walk(
             continue;
         };
         let mark = identity.len();
-        identity.push('|');
-        push_escaped(identity, &group.key);
-        identity.push('=');
+        identity.push_str(&group.key_segment);
         push_escaped(identity, value);
         let deeper = walk(&node.children, request, identity, out);
         if !deeper && let Some(rule) = &node.rule {
@@ -213,27 +214,49 @@ fn walk(
 
 fn counter_key(identity: &str, rule: &Rule) -> String {
     match rule.limit {
-        RuleLimit::Limited(policy) => format!(
-            "{identity}}}:{}:{}",
-            policy.algorithm.key_tag(),
-            policy.unit.seconds()
-        ),
+        RuleLimit::Limited(policy) => {
+            // Assembled piece by piece: `format!` cost more than the rest of the match.
+            let tag = policy.algorithm.key_tag();
+            let seconds = policy.unit.seconds_text();
+            let mut key = String::with_capacity(identity.len() + tag.len() + seconds.len() + 3);
+            key.push_str(identity);
+            key.push_str("}:");
+            key.push_str(tag);
+            key.push(':');
+            key.push_str(seconds);
+            key
+        }
         RuleLimit::Unlimited | RuleLimit::Blocked { .. } => String::new(),
     }
 }
 
-/// Append `value`, percent-encoding the characters that structure a counter key.
+/// Append `value`, percent-encoding the characters that structure a counter key. They are all
+/// ASCII, so the text between them is copied in whole runs, and most values in one.
 fn push_escaped(out: &mut String, value: &str) {
-    for c in value.chars() {
-        match c {
-            '%' => out.push_str("%25"),
-            '{' => out.push_str("%7B"),
-            '}' => out.push_str("%7D"),
-            '|' => out.push_str("%7C"),
-            '=' => out.push_str("%3D"),
-            c => out.push(c),
+    const fn escape(byte: u8) -> Option<&'static str> {
+        match byte {
+            b'%' => Some("%25"),
+            b'{' => Some("%7B"),
+            b'}' => Some("%7D"),
+            b'|' => Some("%7C"),
+            b'=' => Some("%3D"),
+            _ => None,
         }
     }
+    if !value.bytes().any(|byte| escape(byte).is_some()) {
+        out.push_str(value);
+        return;
+    }
+    let mut copied = 0;
+    for (i, byte) in value.bytes().enumerate() {
+        let Some(escape) = escape(byte) else {
+            continue;
+        };
+        out.push_str(&value[copied..i]);
+        out.push_str(escape);
+        copied = i + 1;
+    }
+    out.push_str(&value[copied..]);
 }
 
 impl KeyGroup {
@@ -387,7 +410,10 @@ fn parse(text: &str, source: &str, fairlane_keys: bool) -> Result<RuleSet, Rules
             &format!("`replaces` names `{name}`, but no rate_limit has that `name`"),
         ));
     }
+    let mut key_head = String::from("{");
+    push_escaped(&mut key_head, &raw.domain);
     Ok(RuleSet {
+        key_head,
         domain: raw.domain,
         source: source.to_owned(),
         roots,
@@ -467,8 +493,12 @@ impl Compiler<'_> {
             let group = match groups.iter_mut().position(|g| g.key == raw.key) {
                 Some(i) => &mut groups[i],
                 None => {
+                    let mut key_segment = String::from("|");
+                    push_escaped(&mut key_segment, &raw.key);
+                    key_segment.push('=');
                     groups.push(KeyGroup {
                         key: raw.key.clone(),
+                        key_segment,
                         request_key,
                         exact: HashMap::new(),
                         prefixes: Vec::new(),
@@ -745,6 +775,36 @@ descriptors:
         assert_eq!(
             m[1].counter_key,
             "{fl|route=/v1/jobs/%7Bid%7D|user_id=u1}:fw:1"
+        );
+    }
+
+    #[test]
+    fn escaping_encodes_each_structural_character_and_keeps_the_rest() {
+        let escaped = |value: &str| {
+            let mut out = String::from(">");
+            push_escaped(&mut out, value);
+            out
+        };
+        assert_eq!(escaped(""), ">");
+        assert_eq!(escaped("plain-value_1.2"), ">plain-value_1.2");
+        assert_eq!(escaped("%{}|="), ">%25%7B%7D%7C%3D");
+        assert_eq!(escaped("=a%b{c}d|é→x="), ">%3Da%25b%7Bc%7Dd%7Cé→x%3D");
+    }
+
+    #[test]
+    fn counter_keys_escape_the_domain_and_values_alike() {
+        let text = r#"
+domain: "a{b}|c=d%"
+descriptors:
+  - key: user_id
+    rate_limit: {unit: hour, requests_per_unit: 5, algorithm: token_bucket}
+"#;
+        let rules = RuleSet::parse_fairlane(text, "t").expect("valid");
+        let m = rules.match_request(&req(&[(DescriptorKey::UserId, "u|1=}")]));
+        assert_eq!(m.len(), 1);
+        assert_eq!(
+            m[0].counter_key,
+            "{a%7Bb%7D%7Cc%3Dd%25|user_id=u%7C1%3D%7D}:tb:3600"
         );
     }
 

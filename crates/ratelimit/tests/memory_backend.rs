@@ -33,6 +33,25 @@ fn the_hard_cap_bounds_the_number_of_entries() {
 }
 
 #[test]
+fn every_key_keeps_its_own_count_among_thousands() {
+    let clock = Arc::new(ManualClock::new(T0));
+    let backend = backend(100_000, &clock);
+    let policy = Policy::new(Algorithm::FixedWindow, Unit::Hour, 3);
+    let keys: Vec<String> = (0..5_000)
+        .map(|i| format!("{{d|user_id=u-{i}}}:fw:3600"))
+        .collect();
+    // Interleaved, so every shard's table grows while its keys are counted.
+    for round in 0..4 {
+        for key in &keys {
+            let allowed = backend.decide_now(key, &policy).verdict.allowed;
+            assert_eq!(allowed, round < 3, "{key}, request {}", round + 1);
+        }
+    }
+    assert_eq!(backend.len(), keys.len());
+    assert_eq!(backend.evictions(), 0);
+}
+
+#[test]
 fn idle_keys_expire_and_are_swept() {
     let clock = Arc::new(ManualClock::new(T0));
     let backend = backend(100_000, &clock);

@@ -5,9 +5,14 @@
 //! interval, and whenever a shard is full); and a hard cap on entries per shard, where a full
 //! shard with nothing expired evicts the entry closest to expiry among a small sample. Evicting
 //! a live entry forgets its count (that key is limited a little less): the price of the cap.
+//!
+//! A key is hashed once per decision, with a randomly keyed hasher (keys carry request values,
+//! so they must not be able to crowd one shard): some of the hash's bits pick the shard, and
+//! the shard's table uses the same hash to find the entry.
 
-use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
+
+use hashbrown::HashTable;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -49,15 +54,22 @@ struct Entry {
     expires_us: u64,
 }
 
+struct Slot {
+    key: Box<str>,
+    /// The key's hash, kept so the table can grow without hashing the key again.
+    hash: u64,
+    entry: Entry,
+}
+
 #[derive(Default)]
 struct Shard {
-    map: HashMap<Box<str>, Entry>,
+    map: HashTable<Slot>,
     next_sweep_us: u64,
 }
 
 impl Shard {
     fn sweep(&mut self, now: u64) {
-        self.map.retain(|_, e| e.expires_us > now);
+        self.map.retain(|slot| slot.entry.expires_us > now);
     }
 
     fn evict_one(&mut self) -> bool {
@@ -65,9 +77,14 @@ impl Shard {
             .map
             .iter()
             .take(EVICTION_SAMPLE)
-            .min_by_key(|(_, e)| e.expires_us)
-            .map(|(k, _)| k.clone());
-        victim.is_some_and(|k| self.map.remove(&k).is_some())
+            .min_by_key(|slot| slot.entry.expires_us)
+            .map(|slot| (slot.hash, slot.key.clone()));
+        victim.is_some_and(|(hash, key)| {
+            self.map
+                .find_entry(hash, |slot| slot.key == key)
+                .map(|found| found.remove())
+                .is_ok()
+        })
     }
 }
 
@@ -103,15 +120,19 @@ impl MemoryBackend {
         Self::new(config, Arc::new(SystemClock))
     }
 
-    fn shard(&self, key: &str) -> MutexGuard<'_, Shard> {
-        // Truncating the hash is fine: only the low bits pick the shard.
+    /// The key's hash and its shard, locked.
+    fn shard(&self, key: &str) -> (u64, MutexGuard<'_, Shard>) {
+        let hash = self.hasher.hash_one(key);
+        // The table finds entries by the hash's low bits and tags them with its top seven, so
+        // the shard is picked by bits from the middle. Truncating to usize keeps them.
         #[allow(clippy::cast_possible_truncation)]
-        let index = self.hasher.hash_one(key) as usize & self.shard_mask;
+        let index = (hash >> 32) as usize & self.shard_mask;
         // A panic while holding a shard cannot leave a counter half-updated in a way that
         // matters more than losing it, so a poisoned lock is simply taken over.
-        self.shards[index]
+        let shard = self.shards[index]
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        (hash, shard)
     }
 
     /// Decide at the clock's current time.
@@ -125,12 +146,16 @@ impl MemoryBackend {
 
     /// Decide at `now_us`.
     pub fn decide_at(&self, counter_key: &str, policy: &Policy, now_us: u64) -> Verdict {
-        let mut shard = self.shard(counter_key);
+        let (hash, mut shard) = self.shard(counter_key);
         if now_us >= shard.next_sweep_us {
             shard.sweep(now_us);
             shard.next_sweep_us = now_us.saturating_add(self.sweep_interval_us);
         }
-        if let Some(entry) = shard.map.get_mut(counter_key) {
+        if let Some(slot) = shard
+            .map
+            .find_mut(hash, |slot| slot.hash == hash && *slot.key == *counter_key)
+        {
+            let entry = &mut slot.entry;
             if entry.expires_us <= now_us {
                 entry.state = CounterState::fresh(policy.algorithm);
             }
@@ -149,12 +174,17 @@ impl MemoryBackend {
                 self.evictions.fetch_add(1, Ordering::Relaxed);
             }
         }
-        shard.map.insert(
-            Box::from(counter_key),
-            Entry {
-                state,
-                expires_us: now_us.saturating_add(verdict.reset_us),
+        shard.map.insert_unique(
+            hash,
+            Slot {
+                key: Box::from(counter_key),
+                hash,
+                entry: Entry {
+                    state,
+                    expires_us: now_us.saturating_add(verdict.reset_us),
+                },
             },
+            |slot| slot.hash,
         );
         verdict
     }
@@ -210,5 +240,9 @@ impl Backend for MemoryBackend {
 
     fn is_local(&self) -> bool {
         true
+    }
+
+    fn decide_in_process(&self, counter_key: &str, policy: &Policy) -> Option<BackendDecision> {
+        Some(self.decide_now(counter_key, policy))
     }
 }

@@ -53,4 +53,11 @@ pub trait Backend: Send + Sync + 'static {
     fn is_local(&self) -> bool {
         false
     }
+
+    /// [`Backend::decide`] without a future, for a local backend that can answer at once
+    /// (saves the boxed future on every decision); `None` where the answer must be awaited.
+    fn decide_in_process(&self, counter_key: &str, policy: &Policy) -> Option<BackendDecision> {
+        let _ = (counter_key, policy);
+        None
+    }
 }
