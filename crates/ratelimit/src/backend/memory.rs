@@ -11,13 +11,12 @@
 //! the shard's table uses the same hash to find the entry.
 
 use std::hash::{BuildHasher, RandomState};
-
-use hashbrown::HashTable;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use hashbrown::HashTable;
 
 use super::{Backend, BackendDecision, BackendError};
 use crate::algorithms::{self, CounterState, Verdict};
