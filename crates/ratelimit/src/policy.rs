@@ -29,16 +29,6 @@ impl Unit {
         }
     }
 
-    /// [`Unit::seconds`] as text, as counter keys carry it.
-    pub const fn seconds_text(self) -> &'static str {
-        match self {
-            Unit::Second => "1",
-            Unit::Minute => "60",
-            Unit::Hour => "3600",
-            Unit::Day => "86400",
-        }
-    }
-
     /// Length of the unit in microseconds (the window length `W` of the window algorithms).
     pub const fn micros(self) -> u64 {
         self.seconds() * MICROS_PER_SECOND
@@ -165,18 +155,6 @@ impl Policy {
             self.burst
         } else {
             self.requests_per_unit
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn seconds_text_is_seconds_written_out() {
-        for unit in [Unit::Second, Unit::Minute, Unit::Hour, Unit::Day] {
-            assert_eq!(unit.seconds_text(), unit.seconds().to_string(), "{unit}");
         }
     }
 }

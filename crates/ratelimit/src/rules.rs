@@ -74,6 +74,9 @@ pub struct Rule {
     pub replaces: Vec<String>,
     /// `detailed_metric` (Envoy); accepted but not used: metric labels never carry request values.
     pub detailed_metric: bool,
+    /// `}:<algorithm tag>:<unit seconds>`, which ends each of this rule's counter keys; written
+    /// when the rules load. Empty for unlimited and blocked rules, which keep no state.
+    counter_key_tail: String,
 }
 
 /// A rule that applies to a request, with the key of the counter it uses.
@@ -213,21 +216,14 @@ fn walk(
 }
 
 fn counter_key(identity: &str, rule: &Rule) -> String {
-    match rule.limit {
-        RuleLimit::Limited(policy) => {
-            // Assembled piece by piece: `format!` cost more than the rest of the match.
-            let tag = policy.algorithm.key_tag();
-            let seconds = policy.unit.seconds_text();
-            let mut key = String::with_capacity(identity.len() + tag.len() + seconds.len() + 3);
-            key.push_str(identity);
-            key.push_str("}:");
-            key.push_str(tag);
-            key.push(':');
-            key.push_str(seconds);
-            key
-        }
-        RuleLimit::Unlimited | RuleLimit::Blocked { .. } => String::new(),
+    let tail = &rule.counter_key_tail;
+    if tail.is_empty() {
+        return String::new();
     }
+    let mut key = String::with_capacity(identity.len() + tail.len());
+    key.push_str(identity);
+    key.push_str(tail);
+    key
 }
 
 /// Append `value`, percent-encoding the characters that structure a counter key. They are all
@@ -561,6 +557,14 @@ impl Compiler<'_> {
                 {
                     return Err(self.error(&at.key("name"), "`name` must not be empty"));
                 }
+                let counter_key_tail = match limit {
+                    RuleLimit::Limited(policy) => format!(
+                        "}}:{}:{}",
+                        policy.algorithm.key_tag(),
+                        policy.unit.seconds()
+                    ),
+                    RuleLimit::Unlimited | RuleLimit::Blocked { .. } => String::new(),
+                };
                 let rule = Arc::new(Rule {
                     id: Arc::from(id),
                     yaml_path: here.to_string(),
@@ -569,6 +573,7 @@ impl Compiler<'_> {
                     name: rate_limit.name.clone(),
                     replaces,
                     detailed_metric: raw.detailed_metric,
+                    counter_key_tail,
                 });
                 self.rules.push(Arc::clone(&rule));
                 Some(rule)
