@@ -206,11 +206,10 @@ async fn bench_redis(url: &str, callers: usize, decisions_per_caller: usize) -> 
 
 fn main() {
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let decisions = std::env::var("BENCH_DECISIONS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|&n| n > 0)
-        .unwrap_or(1_000_000);
+    let decisions = match testkit::bench::env_usize("BENCH_DECISIONS", 1_000_000) {
+        0 => 1_000_000,
+        n => n,
+    };
     let mut rows = vec![
         bench_memory_backend(2 * decisions),
         bench_memory_limiter(1, decisions),

@@ -38,7 +38,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use testkit::TestDb;
-use testkit::bench::{CpuShare, CpuSnapshot, CpuTimes, PgbenchRun, PgbenchTarget, checkpoint};
+use testkit::bench::{
+    CpuShare, CpuSnapshot, CpuTimes, PgbenchRun, PgbenchTarget, checkpoint, env_usize,
+};
 use tokio_util::sync::CancellationToken;
 use web::WebConfig;
 
@@ -179,8 +181,8 @@ fn row(case: &str, l: &Load) -> String {
 
 #[tokio::main]
 async fn main() {
-    let seconds: u64 = env_number("BENCH_SECONDS").unwrap_or(10).max(1);
-    let rounds: u64 = env_number("BENCH_ROUNDS").unwrap_or(3).max(1);
+    let seconds = env_usize("BENCH_SECONDS", 10).max(1) as u64;
+    let rounds = env_usize("BENCH_ROUNDS", 3).max(1);
     let pgbench = PgbenchTarget::new().await;
 
     let db = TestDb::new().await;
@@ -342,16 +344,7 @@ fn cpu_column(share: Option<&CpuShare>) -> String {
 /// The number of concurrent clients: `BENCH_CLIENTS`, or [`DEFAULT_CLIENTS`].
 fn client_count() -> usize {
     static COUNT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *COUNT.get_or_init(|| {
-        env_number("BENCH_CLIENTS")
-            .and_then(|n| usize::try_from(n).ok())
-            .unwrap_or(DEFAULT_CLIENTS)
-            .max(1)
-    })
-}
-
-fn env_number(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|v| v.parse().ok())
+    *COUNT.get_or_init(|| env_usize("BENCH_CLIENTS", DEFAULT_CLIENTS).max(1))
 }
 
 /// The middle value (the mean of the two middle ones for an even count); sorts `values`.
