@@ -44,10 +44,7 @@ async fn main() {
             .with_writer(std::io::stderr)
             .init();
     }
-    let workers = std::env::var("BENCH_WORKERS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(300usize);
+    let workers = testkit::bench::env_usize("BENCH_WORKERS", 300);
     // Tier mix of a typical paid-tier SaaS: most users free.
     let mut rng = rand::rng();
     let tiers: Vec<Tier> = (0..USERS)
