@@ -204,10 +204,14 @@ async fn bench_redis(url: &str, callers: usize, decisions_per_caller: usize) -> 
     ))
 }
 
+/// Decisions per thread in the in-memory rows unless `BENCH_DECISIONS` sets another (0 also
+/// means this).
+const DEFAULT_DECISIONS: usize = 1_000_000;
+
 fn main() {
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let decisions = match testkit::bench::env_usize("BENCH_DECISIONS", 1_000_000) {
-        0 => 1_000_000,
+    let decisions = match testkit::bench::env_usize("BENCH_DECISIONS", DEFAULT_DECISIONS) {
+        0 => DEFAULT_DECISIONS,
         n => n,
     };
     let mut rows = vec![
