@@ -157,12 +157,7 @@ fn base_config(db: &TestDb) -> WebConfig {
         ..WebConfig::default()
     };
     c.quota.quota_analysis_enterprise_limit = u32::MAX;
-    if let Some(n) = std::env::var("BENCH_BATCH_CONCURRENCY")
-        .ok()
-        .and_then(|v| v.parse().ok())
-    {
-        c.enqueue_batch_concurrency = n;
-    }
+    c.enqueue_batch_concurrency = env_usize("BENCH_BATCH_CONCURRENCY", c.enqueue_batch_concurrency);
     c.telemetry.rust_log = "error".into();
     c
 }
