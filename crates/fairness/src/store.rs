@@ -29,7 +29,10 @@ pub struct TierLimits {
 /// - a user job is only taken if this transaction gets its user's advisory lock without waiting
 ///   (`pg_try_advisory_xact_lock`): a user being admitted by another fetch right now, on any
 ///   replica, is left to the next fetch. The lock is held until commit, so the gate's next
-///   statement can count the user's running jobs knowing no one else admits them meanwhile.
+///   statement can count the user's running jobs knowing no one else admits them meanwhile;
+/// - it runs in the fetch transaction, with bitmap scans and sorts off
+///   ([`queue::apply_fetch_settings`], ADR 0013): it walks the fetch index in order and stops
+///   after `$7` rows, so it tries the advisory locks of the users of those rows only.
 ///
 /// `$1` queue, `$2` the service's queues, `$3..$6` limits (free, pro, pro plus, enterprise),
 /// `$7` how many, `$8` the service name (lock namespace).

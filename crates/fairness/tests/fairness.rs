@@ -317,6 +317,66 @@ async fn a_heavy_backlog_does_not_delay_another_user() {
     );
 }
 
+/// A fetch of 100 from a lane where 300 users wait (6,000 jobs, stored interleaved with another
+/// lane's 6,000), on a table `ANALYZE` has seen: the gate reads the lane in fetch order and
+/// stops, so it holds the advisory locks of the users it scanned, not of every user with a
+/// waiting job (which would also keep other replicas from admitting them).
+#[tokio::test]
+async fn the_gate_locks_only_the_users_it_scans_even_on_an_analyzed_backlog() {
+    let h = Harness::new().await;
+    let mut pro = Vec::new();
+    let mut free = Vec::new();
+    for _ in 0..300 {
+        pro.push(h.user(Tier::Pro).await);
+        free.push(h.user(Tier::Free).await);
+    }
+    // Arrival order interleaves the users and the lanes, as many users' requests do.
+    let job = |lane: Lane, user: Uuid| {
+        NewJob::new(
+            Harness::queue(lane),
+            &Probe {
+                user_id: Some(user),
+                ms: 10,
+            },
+        )
+        .unwrap()
+    };
+    let jobs: Vec<NewJob> = (0..20)
+        .flat_map(|_| pro.iter().zip(&free))
+        .flat_map(|(&p, &f)| [job(Lane::Priority, p), job(Lane::Default, f)])
+        .collect();
+    h.client.insert_many(jobs).await.unwrap();
+    sqlx::query("ANALYZE fairlane_job")
+        .execute(&h.db.pool)
+        .await
+        .unwrap();
+    let gate = FairnessGate::new(
+        Service::Analysis.as_str(),
+        &Service::Analysis.queues(),
+        fast_fairness(),
+    );
+
+    let mut tx = h.db.pool.begin().await.unwrap();
+    queue::apply_fetch_settings(&mut tx).await.unwrap();
+    let admitted = queue::FetchGate::select(&gate, &mut tx, &Harness::queue(Lane::Priority), 100)
+        .await
+        .unwrap();
+    let locked_users: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+
+    assert_eq!(admitted.len(), 100);
+    // The gate scans up to twice its limit for candidates.
+    assert!(
+        locked_users <= 200,
+        "a fetch of 100 held {locked_users} users' advisory locks"
+    );
+}
+
 #[tokio::test]
 async fn without_the_gate_over_limit_jobs_snooze_without_using_attempts() {
     let h = Harness::new().await;

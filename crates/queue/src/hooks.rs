@@ -46,12 +46,36 @@ pub trait TransitionHook: Send + Sync + 'static {
     }
 }
 
+/// The fetch transaction's settings, in one statement; they end with the transaction.
+///
+/// - `synchronous_commit` off: a fetch lost in a server crash only puts its jobs back to
+///   `available` (and the attempt that ran meanwhile is refused at completion), so it need not
+///   wait for the WAL flush. Completions keep full durability.
+/// - Bitmap scans and sorts off, so a statement ordered like `fairlane_job_fetch` walks that
+///   index and stops at its `LIMIT` (ADR 0013). With no statistics on `state`
+///   (docs/queue-storage.md) the planner takes 0.5 % of a lane's rows to be `available`. While
+///   that guess is below the limit (a lane of fewer than 200 times the limit's rows), it reads
+///   the lane's whole backlog through a bitmap and sorts it, on every fetch, and the fairness
+///   gate tries its per-user advisory lock on every row it reads.
+const FETCH_SETTINGS_SQL: &str = "SELECT set_config('synchronous_commit', 'off', true), \
+     set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true)";
+
+/// Applies the fetch transaction's settings ([`FETCH_SETTINGS_SQL`]) to the transaction open on
+/// `conn`. The engine calls it first in every fetch; a [`FetchGate`] runs after it.
+pub async fn apply_fetch_settings(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+    sqlx::query(FETCH_SETTINGS_SQL).execute(conn).await?;
+    Ok(())
+}
+
 /// Chooses the jobs a fetch may start.
 #[async_trait]
 pub trait FetchGate: Send + Sync + 'static {
     /// Selects up to `limit` runnable (`available`) jobs of `queue` that may start now, locking
     /// them with `FOR UPDATE SKIP LOCKED`, and returns their ids. Runs inside the fetch
-    /// transaction, which then marks exactly these jobs `running` and commits.
+    /// transaction, after [`apply_fetch_settings`], which then marks exactly these jobs `running`
+    /// and commits. A statement that reads runnable rows in fetch order should follow the fetch
+    /// index (`ORDER BY priority, scheduled_at, id` within one queue) so that it stops at its
+    /// limit.
     async fn select(
         &self,
         conn: &mut PgConnection,
