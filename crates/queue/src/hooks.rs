@@ -72,10 +72,10 @@ pub async fn apply_fetch_settings(conn: &mut PgConnection) -> Result<(), sqlx::E
 pub trait FetchGate: Send + Sync + 'static {
     /// Selects up to `limit` runnable (`available`) jobs of `queue` that may start now, locking
     /// them with `FOR UPDATE SKIP LOCKED`, and returns their ids. Runs inside the fetch
-    /// transaction, after [`apply_fetch_settings`], which then marks exactly these jobs `running`
-    /// and commits. A statement that reads runnable rows in fetch order should follow the fetch
-    /// index (`ORDER BY priority, scheduled_at, id` within one queue) so that it stops at its
-    /// limit.
+    /// transaction, after [`apply_fetch_settings`]; the transaction then marks exactly these jobs
+    /// `running` and commits. A statement that reads runnable rows in fetch order should follow
+    /// the fetch index (`ORDER BY priority, scheduled_at, id` within one queue) so that it stops
+    /// at its limit.
     async fn select(
         &self,
         conn: &mut PgConnection,
