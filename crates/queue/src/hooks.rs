@@ -60,6 +60,11 @@ pub trait TransitionHook: Send + Sync + 'static {
 const FETCH_SETTINGS_SQL: &str = "SELECT set_config('synchronous_commit', 'off', true), \
      set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true)";
 
+/// Bitmap scans and sorts off for the current transaction, for the promoter's batches: the
+/// same reason as the fetch's ([`FETCH_SETTINGS_SQL`], ADR 0013), with the due index.
+pub(crate) const ORDERED_SCAN_SETTINGS_SQL: &str = "SELECT \
+     set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true)";
+
 /// Applies the fetch transaction's settings ([`FETCH_SETTINGS_SQL`]) to the transaction open on
 /// `conn`. The engine calls it first in every fetch; a [`FetchGate`] runs after it.
 pub async fn apply_fetch_settings(conn: &mut PgConnection) -> Result<(), sqlx::Error> {

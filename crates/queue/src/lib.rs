@@ -47,6 +47,8 @@ pub mod metrics;
 pub mod middleware;
 pub mod notifier;
 pub mod outcome;
+#[cfg(test)]
+mod plan_nodes;
 mod producer;
 mod runtime;
 pub mod wake;

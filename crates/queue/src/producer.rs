@@ -255,16 +255,9 @@ async fn start(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan_nodes::plan_nodes;
     use serde_json::Value;
     use testkit::TestDb;
-
-    /// Every plan node under `node`, depth first.
-    fn nodes<'a>(node: &'a Value, out: &mut Vec<&'a Value>) {
-        out.push(node);
-        for child in node["Plans"].as_array().into_iter().flatten() {
-            nodes(child, out);
-        }
-    }
 
     /// With statistics that have seen the table (a backlog of 6,000 runnable jobs, 3,000 of them
     /// in the fetched lane), a fetch still walks the fetch index in order and stops at its limit,
@@ -298,8 +291,7 @@ mod tests {
         .unwrap();
         tx.rollback().await.unwrap();
 
-        let mut all = Vec::new();
-        nodes(&explained[0]["Plan"], &mut all);
+        let all = plan_nodes(&explained);
         let kinds: Vec<&str> = all.iter().filter_map(|n| n["Node Type"].as_str()).collect();
         assert!(
             !kinds
