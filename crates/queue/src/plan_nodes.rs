@@ -1,10 +1,10 @@
-//! Test support: the nodes of a plan from `EXPLAIN (ANALYZE, FORMAT JSON)`, to check which
-//! path PostgreSQL took and how many rows it read.
+//! Test support: checks on a plan from `EXPLAIN (ANALYZE, FORMAT JSON)`, to see which path
+//! PostgreSQL took and how many rows it read.
 
 use serde_json::Value;
 
 /// Every node of the plan in `explained` (the JSON `EXPLAIN` returns), depth first.
-pub(crate) fn plan_nodes(explained: &Value) -> Vec<&Value> {
+fn plan_nodes(explained: &Value) -> Vec<&Value> {
     fn walk<'a>(node: &'a Value, out: &mut Vec<&'a Value>) {
         out.push(node);
         for child in node["Plans"].as_array().into_iter().flatten() {
@@ -14,4 +14,27 @@ pub(crate) fn plan_nodes(explained: &Value) -> Vec<&Value> {
     let mut out = Vec::new();
     walk(&explained[0]["Plan"], &mut out);
     out
+}
+
+/// Asserts that the plan in `explained` read `index` with an ordered index scan of at most
+/// `at_most` rows, and used no bitmap and no sort anywhere (ADR 0013).
+pub(crate) fn assert_walks_index(explained: &Value, index: &str, at_most: u64) {
+    let all = plan_nodes(explained);
+    let kinds: Vec<&str> = all.iter().filter_map(|n| n["Node Type"].as_str()).collect();
+    assert!(
+        !kinds
+            .iter()
+            .any(|k| *k == "Bitmap Heap Scan" || *k == "Sort"),
+        "the plan reads through a bitmap or sorts: {kinds:?}"
+    );
+    let scan = all
+        .iter()
+        .find(|n| n["Index Name"] == index)
+        .unwrap_or_else(|| panic!("the plan does not use {index}: {kinds:?}"));
+    assert_eq!(
+        scan["Node Type"], "Index Scan",
+        "{index} is not walked in order"
+    );
+    let read = scan["Actual Rows"].as_u64().unwrap_or(u64::MAX);
+    assert!(read <= at_most, "{index}: {read} rows read for {at_most}");
 }
