@@ -353,9 +353,8 @@ pub async fn clean_finalized(pool: &PgPool, config: &EngineConfig) -> Result<u64
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan_nodes::assert_walks_index;
+    use crate::plan_nodes::{analyzed_db, assert_walks_index};
     use serde_json::Value;
-    use testkit::TestDb;
 
     /// With statistics that have seen the table (24,000 due jobs among 36,000, stored in no
     /// particular `scheduled_at` order, as retries and snoozes leave them), a promoter batch
@@ -363,21 +362,14 @@ mod tests {
     /// every due job and sorting them for each batch.
     #[tokio::test]
     async fn a_promoter_batch_reads_only_what_it_moves() {
-        let db = TestDb::new().await;
-        sqlx::query(
+        let db = analyzed_db(
             "INSERT INTO fairlane_job (queue, kind, args, state, scheduled_at) \
              SELECT 'q', 'noop', '{}', \
                     CASE WHEN g % 3 = 0 THEN 'available' ELSE 'scheduled' END::fairlane_job_state, \
                     now() - random() * interval '1 hour' \
              FROM generate_series(1, 36000) g",
         )
-        .execute(&db.pool)
-        .await
-        .unwrap();
-        sqlx::query("ANALYZE fairlane_job")
-            .execute(&db.pool)
-            .await
-            .unwrap();
+        .await;
 
         let mut tx = db.pool.begin().await.unwrap();
         sqlx::query(ORDERED_SCAN_SETTINGS_SQL)

@@ -1,7 +1,20 @@
-//! Test support: checks on a plan from `EXPLAIN (ANALYZE, FORMAT JSON)`, to see which path
-//! PostgreSQL took and how many rows it read.
+//! Test support: analysed tables, and checks on a plan from `EXPLAIN (ANALYZE, FORMAT JSON)`,
+//! to see which path PostgreSQL took and how many rows it read.
 
 use serde_json::Value;
+use testkit::TestDb;
+
+/// A database of its own, with the jobs `insert_jobs` writes and statistics that have seen them
+/// (`ANALYZE`), as autovacuum leaves a production table.
+pub(crate) async fn analyzed_db(insert_jobs: &'static str) -> TestDb {
+    let db = TestDb::new().await;
+    sqlx::query(insert_jobs).execute(&db.pool).await.unwrap();
+    sqlx::query("ANALYZE fairlane_job")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    db
+}
 
 /// Every node of the plan in `explained` (the JSON `EXPLAIN` returns), depth first.
 fn plan_nodes(explained: &Value) -> Vec<&Value> {

@@ -255,28 +255,20 @@ async fn start(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan_nodes::assert_walks_index;
+    use crate::plan_nodes::{analyzed_db, assert_walks_index};
     use serde_json::Value;
-    use testkit::TestDb;
 
     /// With statistics that have seen the table (a backlog of 6,000 runnable jobs, 3,000 of them
     /// in the fetched lane), a fetch still walks the fetch index in order and stops at its limit,
     /// instead of reading the lane's whole backlog and sorting it.
     #[tokio::test]
     async fn a_fetch_from_an_analyzed_backlog_reads_only_what_it_takes() {
-        let db = TestDb::new().await;
-        sqlx::query(
+        let db = analyzed_db(
             "INSERT INTO fairlane_job (queue, kind, args) \
              SELECT CASE WHEN g % 2 = 0 THEN 'backlog' ELSE 'other' END, 'noop', '{}' \
              FROM generate_series(1, 6000) g",
         )
-        .execute(&db.pool)
-        .await
-        .unwrap();
-        sqlx::query("ANALYZE fairlane_job")
-            .execute(&db.pool)
-            .await
-            .unwrap();
+        .await;
 
         let mut tx = db.pool.begin().await.unwrap();
         crate::hooks::apply_fetch_settings(&mut tx).await.unwrap();
