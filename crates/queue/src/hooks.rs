@@ -46,6 +46,14 @@ pub trait TransitionHook: Send + Sync + 'static {
     }
 }
 
+/// Bitmap scans and sorts off, as `set_config` calls local to the transaction: written once for
+/// the two statements below that set them (ADR 0013).
+macro_rules! ordered_scan_settings {
+    () => {
+        "set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true)"
+    };
+}
+
 /// The fetch transaction's settings, in one statement; they end with the transaction.
 ///
 /// - `synchronous_commit` off: a fetch lost in a server crash only puts its jobs back to
@@ -57,18 +65,28 @@ pub trait TransitionHook: Send + Sync + 'static {
 ///   that guess is below the limit (a lane of fewer than 200 times the limit's rows), it reads
 ///   the lane's whole backlog through a bitmap and sorts it, on every fetch, and the fairness
 ///   gate tries its per-user advisory lock on every row it reads.
-const FETCH_SETTINGS_SQL: &str = "SELECT set_config('synchronous_commit', 'off', true), \
-     set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true)";
+const FETCH_SETTINGS_SQL: &str = concat!(
+    "SELECT set_config('synchronous_commit', 'off', true), ",
+    ordered_scan_settings!()
+);
 
 /// Bitmap scans and sorts off for the current transaction, for the promoter's batches: the
 /// same reason as the fetch's ([`FETCH_SETTINGS_SQL`], ADR 0013), with the due index.
-pub(crate) const ORDERED_SCAN_SETTINGS_SQL: &str = "SELECT \
-     set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true)";
+const ORDERED_SCAN_SETTINGS_SQL: &str = concat!("SELECT ", ordered_scan_settings!());
 
-/// Applies the fetch transaction's settings ([`FETCH_SETTINGS_SQL`]) to the transaction open on
+/// Applies the fetch transaction's settings (`FETCH_SETTINGS_SQL`) to the transaction open on
 /// `conn`. The engine calls it first in every fetch; a [`FetchGate`] runs after it.
 pub async fn apply_fetch_settings(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
     sqlx::query(FETCH_SETTINGS_SQL).execute(conn).await?;
+    Ok(())
+}
+
+/// Applies [`ORDERED_SCAN_SETTINGS_SQL`] to the transaction open on `conn`: the promoter's
+/// batches run after it.
+pub(crate) async fn apply_ordered_scan_settings(
+    conn: &mut PgConnection,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(ORDERED_SCAN_SETTINGS_SQL).execute(conn).await?;
     Ok(())
 }
 

@@ -23,7 +23,7 @@ use crate::client::Client;
 use crate::config::EngineConfig;
 use crate::error::QueueError;
 use crate::hooks::{
-    ORDERED_SCAN_SETTINGS_SQL, Transition, TransitionHook, run_hooks, wakes_after_commit,
+    Transition, TransitionHook, apply_ordered_scan_settings, run_hooks, wakes_after_commit,
 };
 use crate::insert::INSERT_CHANNEL;
 use crate::leader::{LeaderElector, LeaderHandle, duration_millis};
@@ -239,15 +239,13 @@ const PROMOTE_SQL: &str = "WITH due AS ( \
      SELECT (SELECT count(*) FROM moved) + 0 * (SELECT count(*) FROM notified)";
 
 /// Makes due scheduled and retryable jobs available; returns how many. Each batch walks the due
-/// index in order and stops at its limit ([`ORDERED_SCAN_SETTINGS_SQL`]), instead of reading and
+/// index in order and stops at its limit (`apply_ordered_scan_settings`), instead of reading and
 /// sorting every due job for every batch.
 pub async fn promote_due(pool: &PgPool) -> Result<u64, QueueError> {
     let mut total = 0u64;
     loop {
         let mut tx = pool.begin().await?;
-        sqlx::query(ORDERED_SCAN_SETTINGS_SQL)
-            .execute(&mut *tx)
-            .await?;
+        apply_ordered_scan_settings(&mut tx).await?;
         let (moved,): (i64,) = sqlx::query_as(PROMOTE_SQL)
             .bind(BATCH)
             .bind(INSERT_CHANNEL)
@@ -372,10 +370,7 @@ mod tests {
         .await;
 
         let mut tx = db.pool.begin().await.unwrap();
-        sqlx::query(ORDERED_SCAN_SETTINGS_SQL)
-            .execute(&mut *tx)
-            .await
-            .unwrap();
+        apply_ordered_scan_settings(&mut tx).await.unwrap();
         let explained: Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "EXPLAIN (ANALYZE, FORMAT JSON) {PROMOTE_SQL}"
         )))
