@@ -546,6 +546,64 @@ async fn a_failing_request_in_a_batch_fails_alone() {
     s.stop().await;
 }
 
+/// A commit that fails after the batch's writes succeeded leaves nothing, answers an error, and
+/// is not retried: a failed commit's outcome is unknown in general, and a retry could enqueue
+/// twice (unlike a failed statement, whose batch is retried request by request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_commit_is_answered_with_an_error_and_never_retried() {
+    let db = TestDb::new().await;
+    let s = start(&db).await;
+    let (_, key) = user_with_key(&db.pool, "pro").await;
+    // A deferred constraint trigger fails the commit of any transaction that wrote a job of a
+    // repository containing `late`, and counts its firings in a sequence (which no rollback
+    // undoes).
+    for statement in [
+        "CREATE SEQUENCE late_commit_attempts",
+        "CREATE FUNCTION refuse_late_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF NEW.args->>'repository' LIKE '%late%' THEN \
+           PERFORM nextval('late_commit_attempts'); \
+           RAISE EXCEPTION 'commit refused by test trigger'; END IF; RETURN NULL; END $$",
+        "CREATE CONSTRAINT TRIGGER refuse_late_commit AFTER INSERT ON fairlane_job \
+         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_late_commit()",
+    ] {
+        sqlx::query(statement).execute(&db.pool).await.unwrap();
+    }
+    // Concurrent requests share batches, so some batch holds several of them: each batch
+    // commits once and fails as a whole; retrying its requests alone would fire more often.
+    const REQUESTS: u64 = 32;
+    let requests = (0..REQUESTS).map(|n| {
+        let (http, key) = (s.http.clone(), key.clone());
+        async move {
+            let body = json!({"repository": "https://github.com/a/late", "ref": sha(n)});
+            http.post_json("/v1/analyses", &key, &body).await
+        }
+    });
+    for r in futures_util::future::join_all(requests).await {
+        let body = r.problem(500, "internal");
+        assert!(
+            !body["detail"].as_str().unwrap().contains("trigger"),
+            "no internals leak"
+        );
+    }
+    let attempts: i64 = sqlx::query_scalar("SELECT last_value FROM late_commit_attempts")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(
+        attempts < REQUESTS as i64,
+        "{attempts} commits for {REQUESTS} requests: failed commits were retried"
+    );
+    assert_eq!(written_rows(&db.pool).await, [0, 0, 0, 0, 0]);
+    // The connection that failed is not reused; the next batch runs on a fresh, prepared one.
+    let ok = s
+        .http
+        .post_json("/v1/analyses", &key, &analysis_body(7))
+        .await;
+    assert_eq!(ok.status, 202, "{}", ok.text());
+    assert_eq!(written_rows(&db.pool).await, [1, 1, 0, 1, 0]);
+    s.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reserved_units_become_used_exactly_once_when_jobs_complete() {
     let db = TestDb::new().await;
