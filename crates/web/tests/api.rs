@@ -594,7 +594,7 @@ async fn a_failing_commit_is_answered_with_an_error_and_never_retried() {
         "{attempts} commits for {REQUESTS} requests: failed commits were retried"
     );
     assert_eq!(written_rows(&db.pool).await, [0, 0, 0, 0, 0]);
-    // The connection that failed is not reused; the next batch runs on a fresh, prepared one.
+    // The connection that failed is not reused; the next batch runs on a fresh one.
     let ok = s
         .http
         .post_json("/v1/analyses", &key, &analysis_body(7))
