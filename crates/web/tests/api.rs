@@ -14,7 +14,7 @@ use http::Method;
 use queue::{Client, Engine, EngineConfig, QueueName, Workers};
 use serde_json::{Value, json};
 use support::{
-    ADMIN_TOKEN, TestServer, analysis_body, config, count, sha, user_with_key, written_rows,
+    ADMIN_TOKEN, Resp, TestServer, analysis_body, config, count, sha, user_with_key, written_rows,
 };
 use testkit::TestDb;
 use tokio_util::sync::CancellationToken;
@@ -464,6 +464,15 @@ async fn every_tier_is_routed_to_its_lane_and_unknown_tiers_to_default() {
     s.stop().await;
 }
 
+/// `r` is a 500 `internal` problem whose detail does not reveal the test trigger that caused it.
+fn assert_internal_problem_hides_the_trigger(r: &Resp) {
+    let body = r.problem(500, "internal");
+    assert!(
+        !body["detail"].as_str().unwrap().contains("trigger"),
+        "no internals leak: {body}"
+    );
+}
+
 /// Makes every job insert whose repository contains `explode` fail inside its transaction.
 async fn refuse_jobs_of_exploding_repositories(pool: &sqlx::PgPool) {
     sqlx::query(
@@ -497,11 +506,7 @@ async fn a_failing_job_insert_leaves_no_reservation() {
             &json!({"repository": "https://github.com/a/explode", "ref": sha(3)}),
         )
         .await;
-    let body = r.problem(500, "internal");
-    assert!(
-        !body["detail"].as_str().unwrap().contains("trigger"),
-        "no internals leak"
-    );
+    assert_internal_problem_hides_the_trigger(&r);
     assert_eq!(written_rows(&db.pool).await, [0, 0, 0, 0, 0]);
     // The same request without the failure goes through.
     let ok = s
@@ -579,11 +584,7 @@ async fn a_failing_commit_is_answered_with_an_error_and_never_retried() {
         }
     });
     for r in futures_util::future::join_all(requests).await {
-        let body = r.problem(500, "internal");
-        assert!(
-            !body["detail"].as_str().unwrap().contains("trigger"),
-            "no internals leak"
-        );
+        assert_internal_problem_hides_the_trigger(&r);
     }
     let attempts: i64 = sqlx::query_scalar("SELECT last_value FROM late_commit_attempts")
         .fetch_one(&db.pool)
