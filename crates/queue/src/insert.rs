@@ -159,8 +159,11 @@ fn json_type(v: &Value) -> &'static str {
     }
 }
 
-const INSERT_MANY_SQL: &str = concat!(
-    r#"
+/// `insert_many`'s statement, with the given conflict clause after the `INSERT`'s `SELECT`.
+macro_rules! insert_many_sql {
+    ($on_conflict:literal) => {
+        concat!(
+            r#"
 WITH input AS (
     SELECT *
     FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::int2[], $5::int2[], $6::timestamptz[],
@@ -172,15 +175,15 @@ ins AS (
     INSERT INTO fairlane_job (state, kind, queue, args, priority, max_attempts, scheduled_at,
                               unique_key, metadata)
     SELECT "#,
-    new_job_state_sql!(),
-    r#",
+            new_job_state_sql!(),
+            r#",
            n.kind, n.queue, n.args, n.priority, n.max_attempts, coalesce(n.scheduled_at, now()),
            n.unique_key, n.metadata
     FROM input n
     ORDER BY n.ord
-    ON CONFLICT (unique_key)
-        WHERE unique_key IS NOT NULL AND state IN ('available', 'scheduled', 'running', 'retryable')
-        DO NOTHING
+    "#,
+            $on_conflict,
+            r#"
     RETURNING *
 ),
 notified AS (
@@ -189,7 +192,21 @@ notified AS (
 )
 SELECT ins.* FROM ins WHERE (SELECT count(*) FROM notified) >= 0 ORDER BY ins.id
 "#
+        )
+    };
+}
+
+/// For a batch in which some job has a unique key: a duplicate of a live job is skipped.
+const INSERT_MANY_SQL: &str = insert_many_sql!(
+    "ON CONFLICT (unique_key)
+        WHERE unique_key IS NOT NULL AND state IN ('available', 'scheduled', 'running', 'retryable')
+        DO NOTHING"
 );
+
+/// For a batch without unique keys, where no row can conflict: without an `ON CONFLICT` clause
+/// PostgreSQL inserts each row directly instead of speculatively (a check of the arbiter index,
+/// then a second WAL record to confirm the row), about a tenth less work per row.
+const INSERT_MANY_WITHOUT_KEYS_SQL: &str = insert_many_sql!("");
 
 const EXISTING_UNIQUE_SQL: &str = "SELECT * FROM fairlane_job \
      WHERE unique_key = ANY($1) AND state IN ('available', 'scheduled', 'running', 'retryable')";
@@ -342,7 +359,9 @@ async fn run_insert<'a>(
     let mut scheduled = Vec::new();
     let mut unique_keys = Vec::new();
     let mut metadata = Vec::new();
+    let mut any_unique_key = false;
     for job in jobs {
+        any_unique_key |= job.unique_key.is_some();
         kinds.push(job.kind.as_str());
         queues.push(job.queue.as_str());
         args.push(&job.args);
@@ -352,7 +371,12 @@ async fn run_insert<'a>(
         unique_keys.push(job.unique_key.as_deref());
         metadata.push(Value::Object(job.metadata.clone()));
     }
-    let rows = sqlx::query_as::<_, JobRow>(INSERT_MANY_SQL)
+    let sql = if any_unique_key {
+        INSERT_MANY_SQL
+    } else {
+        INSERT_MANY_WITHOUT_KEYS_SQL
+    };
+    let rows = sqlx::query_as::<_, JobRow>(sql)
         .bind(&kinds)
         .bind(&queues)
         .bind(&args)

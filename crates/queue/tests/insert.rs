@@ -114,6 +114,43 @@ async fn insert_many_keeps_order_and_reports_duplicates_within_the_batch() {
 }
 
 #[tokio::test]
+async fn insert_many_without_unique_keys_keeps_order_fields_and_states() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let later = chrono::Utc::now() + chrono::Duration::hours(1);
+    let jobs = vec![
+        NewJob::new(q("a"), &Tag { n: 0 }).unwrap().priority(3),
+        NewJob::new(q("b"), &Tag { n: 1 })
+            .unwrap()
+            .scheduled_at(later),
+        NewJob::new(q("a"), &Tag { n: 2 }).unwrap().max_attempts(2),
+    ];
+    let results = client.insert_many(jobs).await.unwrap();
+    let got: Vec<(u64, &str, JobState, i16, i16)> = results
+        .iter()
+        .map(|r| {
+            assert!(!r.duplicate);
+            let j = &r.job;
+            let n = j.args["n"].as_u64().unwrap();
+            (n, j.queue.as_str(), j.state, j.priority, j.max_attempts)
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (0, "a", JobState::Available, 3, 25),
+            (1, "b", JobState::Scheduled, 1, 25),
+            (2, "a", JobState::Available, 1, 2),
+        ]
+    );
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM fairlane_job")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, 3);
+}
+
+#[tokio::test]
 async fn bulk_copy_writes_every_job_with_its_fields() {
     let db = TestDb::new().await;
     let client = Client::new(db.pool.clone());
