@@ -27,6 +27,10 @@ pub struct Transition {
 }
 
 /// Code that must commit atomically with job state changes.
+///
+/// Completion hooks run in the completer's transaction, which plans every prepared statement
+/// generically, without its parameters' values (ADR 0014). A hook's statements should be keyed
+/// by the transitions' ids (`= ANY($1)`), which such plans look up through an index.
 #[async_trait]
 pub trait TransitionHook: Send + Sync + 'static {
     /// Called with every job the enclosing statement moved (never with stale no-ops). An error

@@ -51,3 +51,19 @@ pub(crate) fn assert_walks_index(explained: &Value, index: &str, at_most: u64) {
     let read = scan["Actual Rows"].as_u64().unwrap_or(u64::MAX);
     assert!(read <= at_most, "{index}: {read} rows read for {at_most}");
 }
+
+/// Asserts that the plan in `explained` found its `fairlane_job` rows through `index` and never
+/// scanned the whole table.
+pub(crate) fn assert_looks_jobs_up_by(explained: &Value, index: &str) {
+    let all = plan_nodes(explained);
+    let kinds: Vec<&str> = all.iter().filter_map(|n| n["Node Type"].as_str()).collect();
+    assert!(
+        !all.iter()
+            .any(|n| n["Node Type"] == "Seq Scan" && n["Relation Name"] == "fairlane_job"),
+        "the plan scans the whole job table: {kinds:?}"
+    );
+    assert!(
+        all.iter().any(|n| n["Index Name"] == index),
+        "the plan does not use {index}: {kinds:?}"
+    );
+}
