@@ -223,7 +223,7 @@ impl Persister {
 /// Every statement in it is keyed by the batch's job ids: the updates below look each id up by
 /// primary key, and the transition hooks do the same with their own tables. A custom plan, which
 /// knows how many ids the batch holds, takes a whole-table scan and a hash join to be cheaper than
-/// that many index look-ups unless the table holds a few hundred times the batch's rows, and
+/// that many index look-ups unless the table holds over a hundred times the batch's rows, and
 /// PostgreSQL plans a prepared statement's first five executions on each connection that way.
 /// A generic plan counts an array of unknown length as a few rows and always takes the index.
 const COMPLETION_BEGIN_SQL: &str = "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan";
