@@ -359,9 +359,7 @@ async fn run_insert<'a>(
     let mut scheduled = Vec::new();
     let mut unique_keys = Vec::new();
     let mut metadata = Vec::new();
-    let mut any_unique_key = false;
     for job in jobs {
-        any_unique_key |= job.unique_key.is_some();
         kinds.push(job.kind.as_str());
         queues.push(job.queue.as_str());
         args.push(&job.args);
@@ -371,7 +369,7 @@ async fn run_insert<'a>(
         unique_keys.push(job.unique_key.as_deref());
         metadata.push(Value::Object(job.metadata.clone()));
     }
-    let sql = if any_unique_key {
+    let sql = if unique_keys.iter().any(Option::is_some) {
         INSERT_MANY_SQL
     } else {
         INSERT_MANY_WITHOUT_KEYS_SQL
