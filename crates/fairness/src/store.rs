@@ -31,7 +31,7 @@ pub struct TierLimits {
 ///   replica, is left to the next fetch. The lock is held until commit, so the gate's next
 ///   statement can count the user's running jobs knowing no one else admits them meanwhile;
 /// - it runs in the fetch transaction, with bitmap scans and sorts off
-///   ([`queue::apply_fetch_settings`], ADR 0013): it walks the fetch index in order and stops
+///   ([`queue::begin_fetch`], ADR 0013): it walks the fetch index in order and stops
 ///   after `$7` rows, so it tries the advisory locks of the users of those rows only.
 ///
 /// `$1` queue, `$2` the service's queues, `$3..$6` limits (free, pro, pro plus, enterprise),

@@ -356,8 +356,7 @@ async fn the_gate_locks_only_the_users_it_scans_even_on_an_analyzed_backlog() {
         fast_fairness(),
     );
 
-    let mut tx = h.db.pool.begin().await.unwrap();
-    queue::apply_fetch_settings(&mut tx).await.unwrap();
+    let mut tx = queue::begin_fetch(&h.db.pool).await.unwrap();
     let admitted = queue::FetchGate::select(&gate, &mut tx, &Harness::queue(Lane::Priority), 100)
         .await
         .unwrap();

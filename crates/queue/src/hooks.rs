@@ -9,7 +9,7 @@
 
 use async_trait::async_trait;
 use common::QueueName;
-use sqlx::PgConnection;
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 
 use crate::error::BoxError;
 use crate::job::{JobId, JobState};
@@ -50,15 +50,16 @@ pub trait TransitionHook: Send + Sync + 'static {
     }
 }
 
-/// Bitmap scans and sorts off, as `set_config` calls local to the transaction: written once for
-/// the two statements below that set them (ADR 0013).
+/// Bitmap scans and sorts off for the rest of the transaction: written once for the two
+/// transactions below that open with them (ADR 0013).
 macro_rules! ordered_scan_settings {
     () => {
-        "set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true)"
+        "SET LOCAL enable_bitmapscan = off; SET LOCAL enable_sort = off"
     };
 }
 
-/// The fetch transaction's settings, in one statement; they end with the transaction.
+/// The fetch transaction's `BEGIN` and settings, in one simple query (one round trip); the
+/// settings end with the transaction.
 ///
 /// - `synchronous_commit` off: a fetch lost in a server crash only puts its jobs back to
 ///   `available` (and the attempt that ran meanwhile is refused at completion), so it need not
@@ -69,29 +70,28 @@ macro_rules! ordered_scan_settings {
 ///   that guess is below the limit (a lane of fewer than 200 times the limit's rows), it reads
 ///   the lane's whole backlog through a bitmap and sorts it, on every fetch, and the fairness
 ///   gate tries its per-user advisory lock on every row it reads.
-const FETCH_SETTINGS_SQL: &str = concat!(
-    "SELECT set_config('synchronous_commit', 'off', true), ",
+const FETCH_BEGIN_SQL: &str = concat!(
+    "BEGIN; SET LOCAL synchronous_commit = off; ",
     ordered_scan_settings!()
 );
 
-/// Bitmap scans and sorts off for the current transaction, for the promoter's batches: the
-/// same reason as the fetch's ([`FETCH_SETTINGS_SQL`], ADR 0013), with the due index.
-const ORDERED_SCAN_SETTINGS_SQL: &str = concat!("SELECT ", ordered_scan_settings!());
+/// The promoter's batches' `BEGIN` with bitmap scans and sorts off, for the same reason as the
+/// fetch's ([`FETCH_BEGIN_SQL`], ADR 0013), with the due index.
+const ORDERED_SCAN_BEGIN_SQL: &str = concat!("BEGIN; ", ordered_scan_settings!());
 
-/// Applies the fetch transaction's settings (`FETCH_SETTINGS_SQL`) to the transaction open on
-/// `conn`. The engine calls it first in every fetch; a [`FetchGate`] runs after it.
-pub async fn apply_fetch_settings(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
-    sqlx::query(FETCH_SETTINGS_SQL).execute(conn).await?;
-    Ok(())
+/// Opens a fetch transaction on a connection of `pool`, with its settings
+/// ([`FETCH_BEGIN_SQL`]) sent with the `BEGIN`. The engine opens every fetch this way; a
+/// [`FetchGate`] runs inside it.
+pub async fn begin_fetch(pool: &PgPool) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+    pool.begin_with(FETCH_BEGIN_SQL).await
 }
 
-/// Applies [`ORDERED_SCAN_SETTINGS_SQL`] to the transaction open on `conn`: the promoter's
-/// batches run after it.
-pub(crate) async fn apply_ordered_scan_settings(
-    conn: &mut PgConnection,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(ORDERED_SCAN_SETTINGS_SQL).execute(conn).await?;
-    Ok(())
+/// Opens a transaction on a connection of `pool` with bitmap scans and sorts off
+/// ([`ORDERED_SCAN_BEGIN_SQL`]), for the promoter's batches.
+pub(crate) async fn begin_ordered_scan(
+    pool: &PgPool,
+) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+    pool.begin_with(ORDERED_SCAN_BEGIN_SQL).await
 }
 
 /// Chooses the jobs a fetch may start.
@@ -99,7 +99,7 @@ pub(crate) async fn apply_ordered_scan_settings(
 pub trait FetchGate: Send + Sync + 'static {
     /// Selects up to `limit` runnable (`available`) jobs of `queue` that may start now, locking
     /// them with `FOR UPDATE SKIP LOCKED`, and returns their ids. Runs inside the fetch
-    /// transaction, after [`apply_fetch_settings`]; the transaction then marks exactly these jobs
+    /// transaction ([`begin_fetch`]); the transaction then marks exactly these jobs
     /// `running` and commits. A statement that reads runnable rows in fetch order should follow
     /// the fetch index (`ORDER BY priority, scheduled_at, id` within one queue) so that it stops
     /// at its limit.
@@ -137,4 +137,50 @@ pub(crate) async fn run_hooks(
             .map_err(crate::error::QueueError::Hook)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use testkit::TestDb;
+
+    /// The settings `tx` runs with, in the order asked.
+    async fn settings(tx: &mut PgConnection, names: &[&str]) -> Vec<String> {
+        let mut values = Vec::new();
+        for name in names {
+            let value: String = sqlx::query_scalar("SELECT current_setting($1)")
+                .bind(*name)
+                .fetch_one(&mut *tx)
+                .await
+                .unwrap();
+            values.push(value);
+        }
+        values
+    }
+
+    /// The settings sent with `BEGIN` hold inside the transaction and end with it: a later
+    /// transaction on the same connection plans and commits as usual.
+    #[tokio::test]
+    async fn fetch_and_promoter_transactions_set_their_settings_for_themselves_only() {
+        let db = TestDb::new().await;
+        let names = ["synchronous_commit", "enable_bitmapscan", "enable_sort"];
+        // One connection, so the later transaction runs where the settings were.
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(db.pool.connect_options().as_ref().clone())
+            .await
+            .unwrap();
+
+        let mut tx = begin_fetch(&pool).await.unwrap();
+        assert_eq!(settings(&mut tx, &names).await, ["off", "off", "off"]);
+        tx.commit().await.unwrap();
+
+        let mut tx = begin_ordered_scan(&pool).await.unwrap();
+        assert_eq!(settings(&mut tx, &names).await, ["on", "off", "off"]);
+        tx.rollback().await.unwrap();
+
+        let mut tx = pool.begin().await.unwrap();
+        assert_eq!(settings(&mut tx, &names).await, ["on", "on", "on"]);
+        tx.rollback().await.unwrap();
+    }
 }

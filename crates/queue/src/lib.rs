@@ -62,7 +62,7 @@ pub use context::{CancelReason, JobContext};
 pub use engine::{Engine, EngineBuilder};
 pub use error::{BoxError, QueueError};
 pub use handler::{FnWorker, Worker, Workers};
-pub use hooks::{FetchGate, Transition, TransitionHook, apply_fetch_settings};
+pub use hooks::{FetchGate, Transition, TransitionHook, begin_fetch};
 pub use insert::{Inserted, NewJob};
 pub use job::{AttemptError, FailureKind, JobId, JobRow, JobState};
 pub use leader::{LeaderElector, LeaderHandle};

@@ -22,9 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::client::Client;
 use crate::config::EngineConfig;
 use crate::error::QueueError;
-use crate::hooks::{
-    Transition, TransitionHook, apply_ordered_scan_settings, run_hooks, wakes_after_commit,
-};
+use crate::hooks::{Transition, TransitionHook, begin_ordered_scan, run_hooks, wakes_after_commit};
 use crate::insert::INSERT_CHANNEL;
 use crate::leader::{LeaderElector, LeaderHandle, duration_millis};
 use crate::notifier::Notifier;
@@ -239,13 +237,12 @@ const PROMOTE_SQL: &str = "WITH due AS ( \
      SELECT (SELECT count(*) FROM moved) + 0 * (SELECT count(*) FROM notified)";
 
 /// Makes due scheduled and retryable jobs available; returns how many. Each batch walks the due
-/// index in order and stops at its limit (`apply_ordered_scan_settings`), instead of reading and
+/// index in order and stops at its limit (`begin_ordered_scan`), instead of reading and
 /// sorting every due job for every batch.
 pub async fn promote_due(pool: &PgPool) -> Result<u64, QueueError> {
     let mut total = 0u64;
     loop {
-        let mut tx = pool.begin().await?;
-        apply_ordered_scan_settings(&mut tx).await?;
+        let mut tx = begin_ordered_scan(pool).await?;
         let (moved,): (i64,) = sqlx::query_as(PROMOTE_SQL)
             .bind(BATCH)
             .bind(INSERT_CHANNEL)
@@ -369,8 +366,7 @@ mod tests {
         )
         .await;
 
-        let mut tx = db.pool.begin().await.unwrap();
-        apply_ordered_scan_settings(&mut tx).await.unwrap();
+        let mut tx = begin_ordered_scan(&db.pool).await.unwrap();
         let explained: Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "EXPLAIN (ANALYZE, FORMAT JSON) {PROMOTE_SQL}"
         )))

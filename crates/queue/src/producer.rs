@@ -207,8 +207,7 @@ impl QueueWorker {
 
     async fn fetch(&self, rt: &Runtime, want: usize) -> Result<(Vec<JobRow>, bool), QueueError> {
         let limit = i64::try_from(want).unwrap_or(i64::MAX);
-        let mut tx = rt.pool.begin().await?;
-        crate::hooks::apply_fetch_settings(&mut tx).await?;
+        let mut tx = crate::hooks::begin_fetch(&rt.pool).await?;
         match &rt.gate {
             None => {
                 let jobs = sqlx::query_as::<_, JobRow>(FETCH_SQL)
@@ -270,8 +269,7 @@ mod tests {
         )
         .await;
 
-        let mut tx = db.pool.begin().await.unwrap();
-        crate::hooks::apply_fetch_settings(&mut tx).await.unwrap();
+        let mut tx = crate::hooks::begin_fetch(&db.pool).await.unwrap();
         let explained: Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "EXPLAIN (ANALYZE, FORMAT JSON) {FETCH_SQL}"
         )))
