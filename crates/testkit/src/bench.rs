@@ -1,6 +1,6 @@
 //! Helpers the benchmarks share: the machine's pgbench single-row INSERT rate as a reference, a
-//! checkpoint before write phases, how the machine's CPU time was spent during a phase, and the
-//! CPU time this process and PostgreSQL used.
+//! checkpoint before write phases, how the machine's CPU time was spent during a phase, the CPU
+//! time this process and PostgreSQL used, and the median of rounds.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -18,6 +18,18 @@ pub fn env_usize(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// The middle value (the mean of the two middle ones for an even count); sorts `values`. A
+/// benchmark that alternates two phases for several rounds reports the median of their ratios.
+pub fn median(values: &mut [f64]) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(values[n / 2]),
+        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
+    }
 }
 
 /// A scratch database and script for pgbench's one-row INSERT transactions.

@@ -39,7 +39,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use testkit::TestDb;
 use testkit::bench::{
-    CpuShare, CpuSnapshot, CpuTimes, PgbenchRun, PgbenchTarget, checkpoint, env_usize,
+    CpuShare, CpuSnapshot, CpuTimes, PgbenchRun, PgbenchTarget, checkpoint, env_usize, median,
 };
 use tokio_util::sync::CancellationToken;
 use web::WebConfig;
@@ -340,17 +340,6 @@ fn cpu_column(share: Option<&CpuShare>) -> String {
 fn client_count() -> usize {
     static COUNT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *COUNT.get_or_init(|| env_usize("BENCH_CLIENTS", DEFAULT_CLIENTS).max(1))
-}
-
-/// The middle value (the mean of the two middle ones for an even count); sorts `values`.
-fn median(values: &mut [f64]) -> Option<f64> {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    match n {
-        0 => None,
-        _ if n % 2 == 1 => Some(values[n / 2]),
-        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
-    }
 }
 
 /// One `POST /v1/analyses` phase: every request names a commit never used before, so nothing
