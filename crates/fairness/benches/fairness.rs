@@ -6,6 +6,9 @@
 //! runs `BENCH_ROUNDS` times (3 by default), each round's on ÷ off is printed, and the summary
 //! gives their median. A phase ends with its last completion's transaction (`max(finalized_at)`),
 //! not when the polling loop that waits for it notices.
+//!
+//! `BENCH_IDLE_USERS=N` adds N free users with no jobs to `users` (a SaaS's registered users
+//! beside the 1,000 active ones), so the gate's tier look-ups run against a table of that size.
 
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::print_stderr)]
 
@@ -66,17 +69,18 @@ async fn main() {
         order.swap(i, rng.random_range(0..=i));
     }
     let rounds = testkit::bench::env_usize("BENCH_ROUNDS", 3).max(1);
+    let idle_users = testkit::bench::env_usize("BENCH_IDLE_USERS", 0);
     let mut results = Vec::with_capacity(rounds);
     for _ in 0..rounds {
-        let off = run(&tiers, &order, workers, false).await;
-        let on = run(&tiers, &order, workers, true).await;
+        let off = run(&tiers, &order, workers, idle_users, false).await;
+        let on = run(&tiers, &order, workers, idle_users, true).await;
         results.push((off, on));
     }
     let total = (USERS * JOBS_PER_USER) as f64;
     println!("## cargo xtask bench fairness\n");
     println!(
         "{USERS} users (free/pro/pro_plus/enterprise: {}/{}/{}/{}) × {JOBS_PER_USER} no-op jobs, routed by tier; \
-         {workers} workers per lane in one process; {rounds} round{} of fairness off, then on\n",
+         {workers} workers per lane in one process; {idle_users} idle users; {rounds} round{} of fairness off, then on\n",
         tiers.iter().filter(|t| **t == Tier::Free).count(),
         tiers.iter().filter(|t| **t == Tier::Pro).count(),
         tiers.iter().filter(|t| **t == Tier::ProPlus).count(),
@@ -125,7 +129,13 @@ async fn main() {
     println!();
 }
 
-async fn run(tiers: &[Tier], order: &[usize], workers: usize, fair: bool) -> Outcome {
+async fn run(
+    tiers: &[Tier],
+    order: &[usize],
+    workers: usize,
+    idle_users: usize,
+    fair: bool,
+) -> Outcome {
     let db = TestDb::new().await;
     let pool = db.pool_with(16).await;
     let mut users = Vec::with_capacity(tiers.len());
@@ -139,6 +149,15 @@ async fn run(tiers: &[Tier], order: &[usize], workers: usize, fair: bool) -> Out
         .unwrap();
         users.push(id);
     }
+    if idle_users > 0 {
+        sqlx::query(
+            "INSERT INTO users (name, tier) SELECT 'idle', 'free' FROM generate_series(1, $1)",
+        )
+        .bind(i64::try_from(idle_users).unwrap_or(i64::MAX))
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
     let jobs: Vec<NewJob> = order
         .iter()
         .map(|&u| {
@@ -151,7 +170,7 @@ async fn run(tiers: &[Tier], order: &[usize], workers: usize, fair: bool) -> Out
         .collect();
     let client = Client::new(pool.clone());
     client.insert_bulk(&jobs).await.unwrap();
-    sqlx::query("VACUUM ANALYZE fairlane_job")
+    sqlx::query("VACUUM ANALYZE fairlane_job, users")
         .execute(&pool)
         .await
         .unwrap();
