@@ -23,8 +23,9 @@ pub struct TierLimits {
 /// Candidate selection for the gate, in one statement:
 ///
 /// - `full_users`: users whose running jobs in the service's queues already fill their tier's
-///   limit (tiers read from `users`); their jobs are skipped, so a heavy user's backlog never
-///   occupies a worker or hides anyone else's job;
+///   limit; their jobs are skipped, so a heavy user's backlog never occupies a worker or hides
+///   anyone else's job. Tiers are read from the paid users only (`users_paid`, ADR 0015): a user
+///   not among them is free, so the look-up costs what the paid users cost, not every user;
 /// - every other runnable job is taken in fetch order and locked `FOR UPDATE SKIP LOCKED`;
 /// - a user job is only taken if this transaction gets its user's advisory lock without waiting
 ///   (`pg_try_advisory_xact_lock`): a user being admitted by another fetch right now, on any
@@ -42,7 +43,7 @@ WITH running AS (
     WHERE state = 'running' AND user_id IS NOT NULL AND queue = ANY($2)
     GROUP BY user_id
 ), full_users AS (
-    SELECT r.user_id FROM running r LEFT JOIN users u ON u.id = r.user_id
+    SELECT r.user_id FROM running r LEFT JOIN users u ON u.id = r.user_id AND u.tier <> 'free'
     WHERE r.n >= CASE u.tier WHEN 'pro' THEN $4 WHEN 'pro_plus' THEN $5
                              WHEN 'enterprise' THEN $6 ELSE $3 END
 )
@@ -99,7 +100,8 @@ pub async fn lock_any(
     .await?)
 }
 
-/// For each of `users`: running jobs in `queues`, and tier (Free when the user is unknown).
+/// For each of `users`: running jobs in `queues`, and tier (Free when the user is unknown). The
+/// tier is read from the paid users only (`users_paid`, ADR 0015); anyone else is free.
 pub async fn counts_and_tiers(
     conn: &mut PgConnection,
     queues: &[String],
@@ -112,7 +114,7 @@ pub async fn counts_and_tiers(
                    AND j.user_id = c.user_id AND j.queue = ANY($1)), \
                 u.tier::text \
          FROM unnest($2::uuid[]) AS c(user_id) \
-         LEFT JOIN users u ON u.id = c.user_id",
+         LEFT JOIN users u ON u.id = c.user_id AND u.tier <> 'free'",
     )
     .bind(queues)
     .bind(users)
@@ -152,7 +154,8 @@ pub async fn other_running(
     Ok(u32::try_from(n).unwrap_or(u32::MAX))
 }
 
-/// The tiers of `users` from the `users` table; unknown users are absent.
+/// The paid tiers among `users`, read from the paid users only (`users_paid`, ADR 0015); free
+/// and unknown users are absent, and callers count them as free.
 pub async fn tiers(
     conn: &mut PgConnection,
     users: &[Uuid],
@@ -161,7 +164,7 @@ pub async fn tiers(
         return Ok(HashMap::new());
     }
     let rows: Vec<(Uuid, String)> =
-        sqlx::query_as("SELECT id, tier::text FROM users WHERE id = ANY($1)")
+        sqlx::query_as("SELECT id, tier::text FROM users WHERE id = ANY($1) AND tier <> 'free'")
             .bind(users)
             .fetch_all(&mut *conn)
             .await?;

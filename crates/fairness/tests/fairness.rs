@@ -457,3 +457,98 @@ async fn system_jobs_are_never_limited() {
     assert_eq!(peak_concurrency(&runs), 4);
     assert!(runs.iter().all(|r| r.job > 0));
 }
+
+/// The gate reads each tier from the paid users only (`users_paid`, ADR 0015): a user at their
+/// tier's limit is skipped and one below it is a candidate, for every tier; a user who is not in
+/// `users`, or was downgraded to free, counts as free; and the count under the locks reports the
+/// same tiers. The limits differ per tier here, so a mixed-up tier shows.
+#[tokio::test]
+async fn the_gate_reads_every_tier_from_the_paid_users_and_counts_the_rest_as_free() {
+    let h = Harness::new().await;
+    let limits = fairness::store::TierLimits {
+        free: 1,
+        pro: 2,
+        pro_plus: 3,
+        enterprise: 4,
+    };
+    let downgraded = h.user(Tier::Enterprise).await;
+    h.set_tier(downgraded, Tier::Free).await;
+    // (user, its tier as the gate must see it, jobs running)
+    let mut users = vec![
+        (downgraded, Tier::Free, 1),
+        (Uuid::now_v7(), Tier::Free, 1), // no `users` row
+    ];
+    for (tier, limit) in [
+        (Tier::Free, limits.free),
+        (Tier::Pro, limits.pro),
+        (Tier::ProPlus, limits.pro_plus),
+        (Tier::Enterprise, limits.enterprise),
+    ] {
+        let limit = usize::try_from(limit).unwrap();
+        users.push((h.user(tier).await, tier, limit)); // full
+        users.push((h.user(tier).await, tier, limit - 1)); // one slot left
+    }
+    let mut running = Vec::new();
+    for &(user, _, n) in &users {
+        running.extend(h.enqueue(Lane::Priority, Some(user), 1, n).await);
+    }
+    sqlx::query(
+        "UPDATE fairlane_job SET state = 'running', attempt = 1, attempted_at = now(), \
+         attempted_by = ARRAY['test-worker'] WHERE id = ANY($1)",
+    )
+    .bind(&running)
+    .execute(&h.db.pool)
+    .await
+    .unwrap();
+    for &(user, _, _) in &users {
+        h.enqueue(Lane::Default, Some(user), 1, 1).await;
+    }
+    let queues: Vec<String> = Service::Analysis
+        .queues()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+
+    let mut tx = queue::begin_fetch(&h.db.pool).await.unwrap();
+    let candidates = fairness::store::lock_candidates(
+        &mut tx,
+        Service::Analysis.as_str(),
+        Harness::queue(Lane::Default).as_str(),
+        &queues,
+        &limits,
+        100,
+    )
+    .await
+    .unwrap();
+    let all: Vec<Uuid> = users.iter().map(|u| u.0).collect();
+    let counted = fairness::store::counts_and_tiers(&mut tx, &queues, &all)
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+
+    let mut admitted: Vec<Uuid> = candidates.iter().filter_map(|c| c.user_id).collect();
+    admitted.sort_unstable();
+    let mut open: Vec<Uuid> = users
+        .iter()
+        .filter(|&&(_, tier, n)| {
+            let limit = match tier {
+                Tier::Free => limits.free,
+                Tier::Pro => limits.pro,
+                Tier::ProPlus => limits.pro_plus,
+                Tier::Enterprise => limits.enterprise,
+            };
+            i64::try_from(n).unwrap() < limit
+        })
+        .map(|u| u.0)
+        .collect();
+    open.sort_unstable();
+    assert_eq!(open.len(), 4, "one user of each tier has a slot left");
+    assert_eq!(admitted, open, "exactly the users below their tier's limit");
+    for &(user, tier, n) in &users {
+        assert_eq!(
+            counted.get(&user),
+            Some(&(u32::try_from(n).unwrap(), tier)),
+            "count and tier of {user}"
+        );
+    }
+}
