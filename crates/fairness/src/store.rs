@@ -100,6 +100,15 @@ pub async fn lock_any(
     .await?)
 }
 
+/// [`counts_and_tiers`]' statement: `$1` the service's queues, `$2` the users.
+const COUNTS_AND_TIERS_SQL: &str = "SELECT c.user_id, \
+        (SELECT count(*) FROM fairlane_job j \
+         WHERE j.state = 'running' AND j.user_id IS NOT NULL \
+           AND j.user_id = c.user_id AND j.queue = ANY($1)), \
+        u.tier::text \
+     FROM unnest($2::uuid[]) AS c(user_id) \
+     LEFT JOIN users u ON u.id = c.user_id AND u.tier <> 'free'";
+
 /// For each of `users`: running jobs in `queues`, and tier (Free when the user is unknown). The
 /// tier is read from the paid users only (`users_paid`, ADR 0015); anyone else is free.
 pub async fn counts_and_tiers(
@@ -107,19 +116,11 @@ pub async fn counts_and_tiers(
     queues: &[String],
     users: &[Uuid],
 ) -> Result<HashMap<Uuid, (u32, Tier)>, FairnessError> {
-    let rows: Vec<(Uuid, i64, Option<String>)> = sqlx::query_as(
-        "SELECT c.user_id, \
-                (SELECT count(*) FROM fairlane_job j \
-                 WHERE j.state = 'running' AND j.user_id IS NOT NULL \
-                   AND j.user_id = c.user_id AND j.queue = ANY($1)), \
-                u.tier::text \
-         FROM unnest($2::uuid[]) AS c(user_id) \
-         LEFT JOIN users u ON u.id = c.user_id AND u.tier <> 'free'",
-    )
-    .bind(queues)
-    .bind(users)
-    .fetch_all(&mut *conn)
-    .await?;
+    let rows: Vec<(Uuid, i64, Option<String>)> = sqlx::query_as(COUNTS_AND_TIERS_SQL)
+        .bind(queues)
+        .bind(users)
+        .fetch_all(&mut *conn)
+        .await?;
     Ok(rows
         .into_iter()
         .map(|(user, n, tier)| {
@@ -172,4 +173,98 @@ pub async fn tiers(
         .into_iter()
         .map(|(id, tier)| (id, Tier::resolve(Some(&tier))))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::Value;
+    use testkit::TestDb;
+
+    /// The index each plan node that reads `users` uses (`None` for a sequential scan).
+    fn users_reads(plan: &Value, out: &mut Vec<Option<String>>) {
+        if plan.get("Relation Name").and_then(Value::as_str) == Some("users") {
+            out.push(
+                plan.get("Index Name")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned),
+            );
+        }
+        for child in plan
+            .get("Plans")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            users_reads(child, out);
+        }
+    }
+
+    /// With many more free users than paid ones, both gate statements read tiers through
+    /// `users_paid` only (ADR 0015): a look-up by primary key or a scan of `users` would cost
+    /// every running or candidate user a visit, however many users are free.
+    #[tokio::test]
+    async fn the_gate_statements_read_tiers_from_the_paid_users_index_only() {
+        let db = TestDb::new().await;
+        sqlx::raw_sql(
+            "INSERT INTO users (name, tier) SELECT 'idle', 'free' FROM generate_series(1, 20000); \
+             INSERT INTO users (name, tier) SELECT 'paid', 'pro' FROM generate_series(1, 40); \
+             INSERT INTO fairlane_job (queue, kind, args, state, attempt, attempted_at, attempted_by) \
+               SELECT 'analysis_priority', 'noop', jsonb_build_object('user_id', u.id), 'running', \
+                      1, now(), ARRAY['w'] \
+               FROM users u, generate_series(1, 3) WHERE u.tier = 'pro'; \
+             INSERT INTO fairlane_job (queue, kind, args) \
+               SELECT 'analysis_priority', 'noop', jsonb_build_object('user_id', u.id) \
+               FROM (SELECT id FROM users WHERE tier = 'pro' \
+                     UNION ALL (SELECT id FROM users WHERE tier = 'free' ORDER BY id LIMIT 200)) u, \
+                    generate_series(1, 5); \
+             ANALYZE users; ANALYZE fairlane_job;",
+        )
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        let queues = vec![
+            "analysis_priority".to_owned(),
+            "analysis_default".to_owned(),
+        ];
+        let users: Vec<Uuid> = sqlx::query_scalar("SELECT id FROM users LIMIT 300")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+
+        let mut tx = queue::begin_fetch(&db.pool).await.unwrap();
+        let candidates: Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "EXPLAIN (FORMAT JSON) {CANDIDATES_SQL}"
+        )))
+        .bind("analysis_priority")
+        .bind(&queues)
+        .bind(1_i64)
+        .bind(3_i64)
+        .bind(3_i64)
+        .bind(5_i64)
+        .bind(100_i64)
+        .bind("analysis")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+        let counts: Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "EXPLAIN (FORMAT JSON) {COUNTS_AND_TIERS_SQL}"
+        )))
+        .bind(&queues)
+        .bind(&users)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+        tx.rollback().await.unwrap();
+
+        for (name, explained) in [("candidates", candidates), ("counts", counts)] {
+            let mut reads = Vec::new();
+            users_reads(&explained[0]["Plan"], &mut reads);
+            assert!(!reads.is_empty(), "{name}: reads users: {explained}");
+            assert!(
+                reads.iter().all(|r| r.as_deref() == Some("users_paid")),
+                "{name}: reads users through {reads:?}, not users_paid alone: {explained}"
+            );
+        }
+    }
 }
