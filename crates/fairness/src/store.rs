@@ -180,25 +180,7 @@ mod tests {
     use super::*;
     use serde_json::Value;
     use testkit::TestDb;
-
-    /// The index each plan node that reads `users` uses (`None` for a sequential scan).
-    fn users_reads(plan: &Value, out: &mut Vec<Option<String>>) {
-        if plan.get("Relation Name").and_then(Value::as_str) == Some("users") {
-            out.push(
-                plan.get("Index Name")
-                    .and_then(Value::as_str)
-                    .map(str::to_owned),
-            );
-        }
-        for child in plan
-            .get("Plans")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            users_reads(child, out);
-        }
-    }
+    use testkit::plan::plan_nodes;
 
     /// With many more free users than paid ones, both gate statements read tiers through
     /// `users_paid` only (ADR 0015): a look-up by primary key or a scan of `users` would cost
@@ -258,11 +240,15 @@ mod tests {
         tx.rollback().await.unwrap();
 
         for (name, explained) in [("candidates", candidates), ("counts", counts)] {
-            let mut reads = Vec::new();
-            users_reads(&explained[0]["Plan"], &mut reads);
+            // The index each node that reads `users` uses (`None` for a sequential scan).
+            let reads: Vec<Option<&str>> = plan_nodes(&explained)
+                .into_iter()
+                .filter(|n| n["Relation Name"] == "users")
+                .map(|n| n["Index Name"].as_str())
+                .collect();
             assert!(!reads.is_empty(), "{name}: reads users: {explained}");
             assert!(
-                reads.iter().all(|r| r.as_deref() == Some("users_paid")),
+                reads.iter().all(|r| *r == Some("users_paid")),
                 "{name}: reads users through {reads:?}, not users_paid alone: {explained}"
             );
         }

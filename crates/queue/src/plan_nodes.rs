@@ -3,6 +3,7 @@
 
 use serde_json::Value;
 use testkit::TestDb;
+use testkit::plan::plan_nodes;
 
 /// A database of its own, with the jobs `insert_jobs` writes and statistics that have seen them
 /// (`ANALYZE`), as autovacuum leaves a production table.
@@ -14,19 +15,6 @@ pub(crate) async fn analyzed_db(insert_jobs: &'static str) -> TestDb {
         .await
         .unwrap();
     db
-}
-
-/// Every node of the plan in `explained` (the JSON `EXPLAIN` returns), depth first.
-fn plan_nodes(explained: &Value) -> Vec<&Value> {
-    fn walk<'a>(node: &'a Value, out: &mut Vec<&'a Value>) {
-        out.push(node);
-        for child in node["Plans"].as_array().into_iter().flatten() {
-            walk(child, out);
-        }
-    }
-    let mut out = Vec::new();
-    walk(&explained[0]["Plan"], &mut out);
-    out
 }
 
 /// Asserts that the plan in `explained` read `index` with an ordered index scan of at most

@@ -6,6 +6,7 @@
 
 pub mod bench;
 pub mod git_fixture;
+pub mod plan;
 pub mod process;
 
 use std::collections::hash_map::DefaultHasher;
