@@ -473,10 +473,11 @@ async fn the_gate_reads_every_tier_from_the_paid_users_and_counts_the_rest_as_fr
     };
     let downgraded = h.user(Tier::Enterprise).await;
     h.set_tier(downgraded, Tier::Free).await;
-    // (user, its tier as the gate must see it, jobs running)
+    // (user, its tier as the gate must see it, jobs running, that tier's limit)
+    let free = usize::try_from(limits.free).unwrap();
     let mut users = vec![
-        (downgraded, Tier::Free, 1),
-        (Uuid::now_v7(), Tier::Free, 1), // no `users` row
+        (downgraded, Tier::Free, free, free),
+        (Uuid::now_v7(), Tier::Free, free, free), // no `users` row
     ];
     for (tier, limit) in [
         (Tier::Free, limits.free),
@@ -485,11 +486,11 @@ async fn the_gate_reads_every_tier_from_the_paid_users_and_counts_the_rest_as_fr
         (Tier::Enterprise, limits.enterprise),
     ] {
         let limit = usize::try_from(limit).unwrap();
-        users.push((h.user(tier).await, tier, limit)); // full
-        users.push((h.user(tier).await, tier, limit - 1)); // one slot left
+        users.push((h.user(tier).await, tier, limit, limit)); // full
+        users.push((h.user(tier).await, tier, limit - 1, limit)); // one slot left
     }
     let mut running = Vec::new();
-    for &(user, _, n) in &users {
+    for &(user, _, n, _) in &users {
         running.extend(h.enqueue(Lane::Priority, Some(user), 1, n).await);
     }
     sqlx::query(
@@ -500,7 +501,7 @@ async fn the_gate_reads_every_tier_from_the_paid_users_and_counts_the_rest_as_fr
     .execute(&h.db.pool)
     .await
     .unwrap();
-    for &(user, _, _) in &users {
+    for &(user, ..) in &users {
         h.enqueue(Lane::Default, Some(user), 1, 1).await;
     }
     let queues: Vec<String> = Service::Analysis
@@ -530,21 +531,13 @@ async fn the_gate_reads_every_tier_from_the_paid_users_and_counts_the_rest_as_fr
     admitted.sort_unstable();
     let mut open: Vec<Uuid> = users
         .iter()
-        .filter(|&&(_, tier, n)| {
-            let limit = match tier {
-                Tier::Free => limits.free,
-                Tier::Pro => limits.pro,
-                Tier::ProPlus => limits.pro_plus,
-                Tier::Enterprise => limits.enterprise,
-            };
-            i64::try_from(n).unwrap() < limit
-        })
+        .filter(|&&(_, _, n, limit)| n < limit)
         .map(|u| u.0)
         .collect();
     open.sort_unstable();
     assert_eq!(open.len(), 4, "one user of each tier has a slot left");
     assert_eq!(admitted, open, "exactly the users below their tier's limit");
-    for &(user, tier, n) in &users {
+    for &(user, tier, n, _) in &users {
         assert_eq!(
             counted.get(&user),
             Some(&(u32::try_from(n).unwrap(), tier)),
