@@ -77,15 +77,15 @@ async fn main() {
         results.push((off, on));
     }
     let total = (USERS * JOBS_PER_USER) as f64;
+    let plural = if rounds == 1 { "" } else { "s" };
     println!("## cargo xtask bench fairness\n");
     println!(
         "{USERS} users (free/pro/pro_plus/enterprise: {}/{}/{}/{}) × {JOBS_PER_USER} no-op jobs, routed by tier; \
-         {workers} workers per lane in one process; {idle_users} idle users; {rounds} round{} of fairness off, then on\n",
+         {workers} workers per lane in one process; {idle_users} idle users; {rounds} round{plural} of fairness off, then on\n",
         tiers.iter().filter(|t| **t == Tier::Free).count(),
         tiers.iter().filter(|t| **t == Tier::Pro).count(),
         tiers.iter().filter(|t| **t == Tier::ProPlus).count(),
         tiers.iter().filter(|t| **t == Tier::Enterprise).count(),
-        if rounds == 1 { "" } else { "s" },
     );
     println!(
         "| round | jobs/s, fairness off | jobs/s, fairness on | on ÷ off | CPU per job off: this process / PostgreSQL | CPU per job on | snoozes per completed job: off / on | slot freed → user's next job started, p50 / p95 |"
@@ -120,8 +120,7 @@ async fn main() {
         println!();
         println!("| summary | value |\n|---|---|");
         println!(
-            "| fairness on ÷ off, median of {rounds} round{} | {:.0} % (each: {}; target ≥ 70 %) |",
-            if rounds == 1 { "" } else { "s" },
+            "| fairness on ÷ off, median of {rounds} round{plural} | {:.0} % (each: {}; target ≥ 70 %) |",
             100.0 * median,
             listed.join(", ")
         );
