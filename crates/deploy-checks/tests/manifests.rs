@@ -357,6 +357,26 @@ fn deployments_have_probes_resources_budgets_graceful_shutdown_and_scaling() {
                 pod["securityContext"]["runAsNonRoot"], true,
                 "{overlay} {name}"
             );
+            // A read-only root leaves the temporary directory unwritable unless a volume is
+            // mounted there: git (web's ref resolution, the workers' fetches) needs it.
+            if c["securityContext"]["readOnlyRootFilesystem"] == true {
+                let tmp = c["volumeMounts"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|m| m["mountPath"] == "/tmp")
+                    .unwrap_or_else(|| {
+                        panic!("{overlay} {name}: read-only root without a volume on /tmp")
+                    });
+                assert!(
+                    pod["volumes"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|v| v["name"] == tmp["name"] && v["emptyDir"].is_object()),
+                    "{overlay} {name}: /tmp is not an emptyDir volume"
+                );
+            }
         }
         // web: endpoints are removed (preStop) before the drain, and the grace period covers both.
         let web = &find("Deployment", "web")["spec"]["template"]["spec"];
@@ -727,6 +747,38 @@ fn promtool_accepts_the_prometheus_configs_and_alert_rules() {
         ok,
         "promtool check config kubernetes.yml (discovery swapped):\n{text}"
     );
+}
+
+#[test]
+fn latency_alerts_fire_below_the_largest_seconds_bucket() {
+    // `histogram_quantile` never answers above the largest finite bucket boundary, so a
+    // threshold at or above it is an alert that cannot fire.
+    let largest = *telemetry::SECONDS_BUCKETS.last().unwrap();
+    let alerts: serde_yaml::Value =
+        serde_yaml::from_str(&read("deploy/prometheus/alerts.yml")).unwrap();
+    let mut checked = 0;
+    for group in alerts["groups"].as_sequence().unwrap() {
+        for rule in group["rules"].as_sequence().unwrap() {
+            let alert = rule["alert"].as_str().unwrap_or("(a recording rule)");
+            let expr = rule["expr"].as_str().unwrap();
+            if !(expr.contains("histogram_quantile") && expr.contains("_seconds_bucket")) {
+                continue;
+            }
+            let (_, threshold) = expr
+                .rsplit_once('>')
+                .unwrap_or_else(|| panic!("{alert}: no `>` threshold"));
+            let threshold: f64 = threshold
+                .trim()
+                .parse()
+                .unwrap_or_else(|e| panic!("{alert}: threshold {threshold:?}: {e}"));
+            assert!(
+                threshold < largest,
+                "{alert}: threshold {threshold} s is not below the largest bucket, {largest} s"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 3, "only {checked} latency alerts found");
 }
 
 #[test]

@@ -1,15 +1,10 @@
 //! The queue's OpenTelemetry instruments. Names follow OTel conventions and become the SPEC §8
 //! Prometheus names (`fairlane.jobs` → `fairlane_jobs_total`, `fairlane.job.wait` in seconds →
-//! `fairlane_job_wait_seconds`, …) in the telemetry crate's exposition.
+//! `fairlane_job_wait_seconds`, …) in the telemetry crate's exposition. Histograms in seconds get
+//! their buckets (1 ms to 10 min) from the telemetry crate's view, which every service installs.
 
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Counter, Gauge, Histogram, UpDownCounter};
-
-/// Bucket boundaries (seconds) for waits and durations: 1 ms to 10 min.
-pub const SECONDS_BUCKETS: &[f64] = &[
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-    120.0, 300.0, 600.0,
-];
 
 #[derive(Debug, Clone)]
 pub(crate) struct QueueMetrics {
@@ -35,13 +30,11 @@ impl QueueMetrics {
                 .with_description(
                     "Time from a job being due (scheduled_at) to its attempt starting",
                 )
-                .with_boundaries(SECONDS_BUCKETS.to_vec())
                 .build(),
             duration: meter
                 .f64_histogram("fairlane.job.duration")
                 .with_unit("s")
                 .with_description("Time a job attempt ran in its handler")
-                .with_boundaries(SECONDS_BUCKETS.to_vec())
                 .build(),
             busy: meter
                 .i64_up_down_counter("fairlane.workers.busy")

@@ -31,9 +31,13 @@ use opentelemetry_sdk::metrics::{
 /// The `Content-Type` of [`render_prometheus`]'s output.
 pub const PROMETHEUS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// Bucket boundaries for histograms measured in seconds (unit `s`): 1 ms to 60 s.
+/// Bucket boundaries for histograms measured in seconds (unit `s`): 1 ms to 10 min, so that a
+/// job's wait and run time (minutes, for a queue that falls behind or an analysis near its
+/// timeout) are measured as well as a request's latency. `histogram_quantile` never answers
+/// above the largest finite boundary, so an alert's threshold must stay below it.
 pub const SECONDS_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    120.0, 300.0, 600.0,
 ];
 
 /// A metrics View: every histogram whose unit is `s` gets [`SECONDS_BUCKETS`]. [`crate::init`]
@@ -807,6 +811,9 @@ fairlane_job_wait_seconds_bucket{queue="analysis_default",le="5"} 4
 fairlane_job_wait_seconds_bucket{queue="analysis_default",le="10"} 4
 fairlane_job_wait_seconds_bucket{queue="analysis_default",le="30"} 4
 fairlane_job_wait_seconds_bucket{queue="analysis_default",le="60"} 4
+fairlane_job_wait_seconds_bucket{queue="analysis_default",le="120"} 5
+fairlane_job_wait_seconds_bucket{queue="analysis_default",le="300"} 5
+fairlane_job_wait_seconds_bucket{queue="analysis_default",le="600"} 5
 fairlane_job_wait_seconds_bucket{queue="analysis_default",le="+Inf"} 5
 fairlane_job_wait_seconds_sum{queue="analysis_default"} 75.2548828125
 fairlane_job_wait_seconds_count{queue="analysis_default"} 5
