@@ -223,21 +223,27 @@ pub fn router(state: AppState, config: &WebConfig) -> Router {
         .route("/metrics", get(system::metrics))
         .route("/openapi.json", get(system::openapi))
         .route("/docs", get(system::docs));
+    with_layers(user.merge(admin).merge(system), state, config)
+}
+
+/// `routes` with the fallbacks and the layers every request goes through: body limit, timeout,
+/// a panic turned into a 500 problem, and, outermost, the request span and duration metric, so
+/// that timeouts and panics are measured like every other response.
+pub fn with_layers(routes: Router<AppState>, state: AppState, config: &WebConfig) -> Router {
     let timeout = config.http_request_timeout;
-    user.merge(admin)
-        .merge(system)
+    routes
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(config.http_body_limit))
         .layer(axum::middleware::from_fn(move |req, next| {
             middleware::timeout(timeout, req, next)
         }))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            panic_response,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             middleware::observe,
-        ))
-        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
-            panic_response,
         ))
         .with_state(state)
 }
