@@ -272,14 +272,16 @@ fn start_private_redis() -> anyhow::Result<String> {
 }
 
 /// Drops databases left by earlier test and bench runs (a test's is kept until then, for
-/// inspection after a failure).
+/// inspection after a failure). A database someone is connected to belongs to a run still going
+/// (another `cargo xtask test` or bench on the same server) and is left alone: no `FORCE`.
 pub(crate) fn drop_old_test_databases(url: &str) {
     let url = libpq_url(url);
     let list = Command::new("psql")
         .args([
             &url,
             "-Atc",
-            "SELECT datname FROM pg_database WHERE datname LIKE 'fairlane\\_test\\_%'",
+            "SELECT datname FROM pg_database d WHERE datname LIKE 'fairlane\\_test\\_%' \
+             AND NOT EXISTS (SELECT FROM pg_stat_activity a WHERE a.datname = d.datname)",
         ])
         .output();
     let Ok(out) = list else { return };
@@ -294,11 +296,7 @@ pub(crate) fn drop_old_test_databases(url: &str) {
     ));
     for name in names {
         let _ = Command::new("psql")
-            .args([
-                &url,
-                "-qc",
-                &format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"),
-            ])
+            .args([&url, "-qc", &format!("DROP DATABASE IF EXISTS \"{name}\"")])
             .output();
     }
 }
