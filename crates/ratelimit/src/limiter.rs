@@ -137,7 +137,7 @@ pub struct Decision {
 #[derive(Debug, Clone)]
 pub struct LimitOutcome {
     pub rule: Arc<Rule>,
-    /// The limit enforced (`None` for `unlimited` and blocked rules).
+    /// The limit enforced (`None` for `unlimited`; [`Policy::blocked`] for blocked rules).
     pub policy: Option<Policy>,
     pub kind: DecisionKind,
     pub source: DecisionSource,
@@ -513,7 +513,7 @@ impl Inner {
                 rule,
             },
             RuleLimit::Blocked { unit } => LimitOutcome {
-                policy: None,
+                policy: Some(Policy::blocked(unit)),
                 kind: denied_kind(shadow),
                 source: DecisionSource::Rule,
                 decision: Decision {

@@ -138,6 +138,12 @@ impl Policy {
         }
     }
 
+    /// Zero requests per `unit`: what a blocked rule (`requests_per_unit: 0`) enforces, so that
+    /// its denials describe their limit like any other (a fixed window that admits nothing).
+    pub const fn blocked(unit: Unit) -> Self {
+        Policy::new(Algorithm::FixedWindow, unit, 0)
+    }
+
     /// The same policy with another burst capacity (meaningful for the buckets only).
     pub const fn with_burst(mut self, burst: u64) -> Self {
         self.burst = burst;

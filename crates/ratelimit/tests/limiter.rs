@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use common::{redis_url, temp_dir, unique_prefix};
 use ratelimit::{
     Backend, DecisionKind, DecisionSource, DescriptorKey, Limiter, LimiterConfig, ManualClock,
-    MemoryBackend, MemoryConfig, RateLimitRequest, RedisBackend, RedisConfig, RuleSet,
+    MemoryBackend, MemoryConfig, RateLimitRequest, RedisBackend, RedisConfig, RuleSet, Unit,
 };
 
 const T0: u64 = 1_700_000_000 * 1_000_000;
@@ -170,6 +170,32 @@ descriptors:
             .limits
             .is_empty()
     );
+}
+
+#[tokio::test]
+async fn a_blocked_rule_is_described_as_a_limit_of_zero_per_unit() {
+    let limiter = limiter(
+        r#"
+domain: banned
+descriptors:
+  - key: remote_address
+    value: 198.51.100.7
+    rate_limit: {unit: hour, requests_per_unit: 0}
+"#,
+        static_config(),
+    );
+    let outcome = limiter
+        .check(&RateLimitRequest::new().with(DescriptorKey::RemoteAddress, "198.51.100.7"))
+        .await;
+    assert!(!outcome.allowed);
+    let headline = outcome.headline().expect("the blocking rule");
+    // The response headers are built from the policy: without one a 429 carries no limit headers.
+    let policy = headline.policy.expect("a policy for the limit headers");
+    assert_eq!((policy.requests_per_unit, policy.unit), (0, Unit::Hour));
+    assert_eq!(headline.decision.limit, 0);
+    assert_eq!(headline.decision.remaining, 0);
+    assert_eq!(headline.decision.reset, Duration::from_secs(3600));
+    assert_eq!(outcome.retry_after(), Some(Duration::from_secs(3600)));
 }
 
 #[tokio::test]

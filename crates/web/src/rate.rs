@@ -59,7 +59,7 @@ fn sf_string(s: &str) -> String {
     out
 }
 
-/// The limit headers for `outcome` (none when no counted rule applied).
+/// The limit headers for `outcome` (none when no rule, or only `unlimited` ones, applied).
 pub fn limit_headers(outcome: &RateLimitOutcome) -> Vec<(HeaderName, String)> {
     let Some(headline) = outcome.headline() else {
         return Vec::new();
@@ -150,6 +150,10 @@ pub async fn limit(State(state): State<AppState>, req: Request, next: Next) -> R
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
+    use ratelimit::{Limiter, LimiterConfig, MemoryBackend, MemoryConfig};
+
     use super::*;
     use crate::auth::AuthUser;
 
@@ -179,6 +183,46 @@ mod tests {
         assert_eq!(anon.get(DescriptorKey::Tier), Some("anonymous"));
         assert_eq!(anon.get(DescriptorKey::UserId), None);
         assert_eq!(anon.get(DescriptorKey::ApiKey), None);
+    }
+
+    #[tokio::test]
+    async fn the_429_of_a_blocked_address_carries_every_limit_header() {
+        let rules = ratelimit::RuleSet::parse_fairlane(
+            "domain: web\n\
+             descriptors:\n\
+             \x20 - key: remote_address\n\
+             \x20   value: 198.51.100.7\n\
+             \x20   rate_limit: {unit: hour, requests_per_unit: 0}\n",
+            "test.yaml",
+        )
+        .unwrap();
+        let backend = Arc::new(MemoryBackend::with_system_clock(&MemoryConfig::default()));
+        let config = LimiterConfig {
+            reload_interval: None,
+            ..LimiterConfig::default()
+        };
+        let limiter = Limiter::new(rules, backend, config);
+        let addr: SocketAddr = "198.51.100.7:4567".parse().unwrap();
+        let outcome = limiter
+            .check(&describe(None, Some(addr), "/v1/usage", "GET"))
+            .await;
+        assert!(!outcome.allowed);
+        let headers = limit_headers(&outcome);
+        let headers: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_str()))
+            .collect();
+        let name = "\"web:remote_address=198.51.100.7\"";
+        assert_eq!(
+            headers,
+            [
+                ("x-ratelimit-limit", "0"),
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-reset", "3600"),
+                ("ratelimit-policy", &format!("{name};q=0;w=3600")),
+                ("ratelimit", &format!("{name};r=0;t=3600")),
+            ]
+        );
     }
 
     #[test]
