@@ -140,6 +140,9 @@ pub struct LimitOutcome {
     /// The limit enforced (`None` for `unlimited`; [`Policy::blocked`] for blocked rules).
     pub policy: Option<Policy>,
     pub kind: DecisionKind,
+    /// Decided in shadow mode (the rule's or the limiter's): it never denies, and it is left out
+    /// of [`RateLimitOutcome::headline`] so that it changes nothing a client sees.
+    pub shadow: bool,
     pub source: DecisionSource,
     pub decision: Decision,
 }
@@ -154,12 +157,13 @@ pub struct RateLimitOutcome {
 
 impl RateLimitOutcome {
     /// The limit the response headers should describe: when denied, the enforced denial with
-    /// the longest `retry_after`; otherwise the counted limit with the fewest requests left.
+    /// the longest `retry_after`; otherwise the enforced counted limit with the fewest requests
+    /// left. Shadow-mode limits are never it, even when over their limit.
     pub fn headline(&self) -> Option<&LimitOutcome> {
         if self.allowed {
             self.limits
                 .iter()
-                .filter(|l| l.policy.is_some())
+                .filter(|l| l.policy.is_some() && !l.shadow)
                 .min_by_key(|l| (l.decision.remaining, l.decision.limit))
         } else {
             self.limits
@@ -502,6 +506,7 @@ impl Inner {
             RuleLimit::Unlimited => LimitOutcome {
                 policy: None,
                 kind: DecisionKind::Allowed,
+                shadow,
                 source: DecisionSource::Rule,
                 decision: Decision {
                     allowed: true,
@@ -515,6 +520,7 @@ impl Inner {
             RuleLimit::Blocked { unit } => LimitOutcome {
                 policy: Some(Policy::blocked(unit)),
                 kind: denied_kind(shadow),
+                shadow,
                 source: DecisionSource::Rule,
                 decision: Decision {
                     allowed: false,
@@ -549,6 +555,7 @@ impl Inner {
                     rule,
                     policy: Some(policy),
                     kind: denied_kind(shadow),
+                    shadow,
                     source: DecisionSource::DenyCache,
                     decision: Decision {
                         allowed: false,
@@ -585,6 +592,7 @@ impl Inner {
                             rule,
                             policy: Some(policy),
                             kind: DecisionKind::FailedOpen,
+                            shadow,
                             source: DecisionSource::None,
                             decision: Decision {
                                 allowed: true,
@@ -626,6 +634,7 @@ impl Inner {
             } else {
                 denied_kind(shadow)
             },
+            shadow,
             source,
             decision: Decision {
                 allowed: verdict.allowed,

@@ -199,6 +199,59 @@ descriptors:
 }
 
 #[tokio::test]
+async fn shadow_rules_over_their_limit_leave_the_headline_to_the_enforced_ones() {
+    let limiter = limiter(
+        r#"
+domain: shadow-headline
+descriptors:
+  - key: user_id
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: remote_address
+    rate_limit: {unit: minute, requests_per_unit: 1}
+    shadow_mode: true
+"#,
+        static_config(),
+    );
+    for n in 1..=3u64 {
+        let outcome = limiter.check(&user("h")).await;
+        assert!(outcome.allowed, "request {n}");
+        let headline = outcome.headline().expect("the enforced limit");
+        assert_eq!(&*headline.rule.id, "shadow-headline:user_id", "request {n}");
+        assert_eq!(headline.decision.remaining, 100 - n, "request {n}");
+    }
+    // Still counted as would-be denials.
+    let stats = limiter.stats();
+    assert_eq!(
+        (stats.allowed, stats.shadow_limited, stats.limited),
+        (4, 2, 0)
+    );
+}
+
+#[tokio::test]
+async fn global_shadow_mode_puts_no_limit_in_the_headline() {
+    let config = LimiterConfig {
+        global_shadow_mode: true,
+        ..static_config()
+    };
+    let limiter = limiter(
+        r#"
+domain: global-shadow-headline
+descriptors:
+  - key: user_id
+    rate_limit: {unit: minute, requests_per_unit: 1}
+"#,
+        config,
+    );
+    for n in 0..3 {
+        let outcome = limiter.check(&user("gh")).await;
+        assert!(outcome.allowed, "request {n}");
+        assert!(outcome.headline().is_none(), "request {n}");
+    }
+    let stats = limiter.stats();
+    assert_eq!((stats.allowed, stats.shadow_limited), (1, 2));
+}
+
+#[tokio::test]
 async fn the_deny_cache_spares_redis_until_retry_after() {
     let backend = Arc::new(
         RedisBackend::connect(

@@ -59,7 +59,8 @@ fn sf_string(s: &str) -> String {
     out
 }
 
-/// The limit headers for `outcome` (none when no rule, or only `unlimited` ones, applied).
+/// The limit headers for `outcome` (none when no rule, or only `unlimited` or shadow-mode ones,
+/// applied).
 pub fn limit_headers(outcome: &RateLimitOutcome) -> Vec<(HeaderName, String)> {
     let Some(headline) = outcome.headline() else {
         return Vec::new();
@@ -222,6 +223,45 @@ mod tests {
                 ("ratelimit-policy", &format!("{name};q=0;w=3600")),
                 ("ratelimit", &format!("{name};r=0;t=3600")),
             ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_shadow_rule_over_its_limit_leaves_the_headers_of_an_allowed_request_alone() {
+        let rules = ratelimit::RuleSet::parse_fairlane(
+            "domain: web\n\
+             descriptors:\n\
+             \x20 - key: route\n\
+             \x20   rate_limit: {unit: minute, requests_per_unit: 10}\n\
+             \x20 - key: remote_address\n\
+             \x20   rate_limit: {unit: minute, requests_per_unit: 1}\n\
+             \x20   shadow_mode: true\n",
+            "test.yaml",
+        )
+        .unwrap();
+        let backend = Arc::new(MemoryBackend::with_system_clock(&MemoryConfig::default()));
+        let config = LimiterConfig {
+            reload_interval: None,
+            ..LimiterConfig::default()
+        };
+        let limiter = Limiter::new(rules, backend, config);
+        let addr: SocketAddr = "192.0.2.9:4567".parse().unwrap();
+        let request = describe(None, Some(addr), "/v1/usage", "GET");
+        limiter.check(&request).await;
+        let outcome = limiter.check(&request).await;
+        assert!(outcome.allowed);
+        let headers = limit_headers(&outcome);
+        let headers: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_str()))
+            .collect();
+        assert!(
+            headers.contains(&("x-ratelimit-limit", "10")),
+            "{headers:?}"
+        );
+        assert!(
+            headers.contains(&("x-ratelimit-remaining", "8")),
+            "{headers:?}"
         );
     }
 
