@@ -5,7 +5,9 @@
 //! whose job was meanwhile rescued and re-run can never complete or fail it a second time. Nothing
 //! is reported (metrics, logs) before the transaction commits. A batch that fails is retried —
 //! first whole, then job by job — until it commits or the process is told to abandon it; abandoned
-//! jobs stay `running` and are rescued once this process stops heartbeating.
+//! jobs stay `running` and are rescued once this process stops heartbeating. A completion the
+//! database keeps refusing (not a lost connection or conflict) is recorded as a failed attempt
+//! instead, so one job can never stall the completions behind it.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -110,9 +112,16 @@ impl Completer {
         });
         let mut running = tokio::task::JoinSet::new();
         let mut abandoned = false;
+        let abandon = persister.abandon.clone();
         loop {
             let mut batch = Vec::with_capacity(batch_size);
             tokio::select! {
+                // A handler that ignores cancellation keeps the channel's sender alive, so the
+                // channel alone might never end.
+                () = abandon.cancelled() => {
+                    abandoned = true;
+                    break;
+                }
                 received = rx.recv_many(&mut batch, batch_size), if running.len() < concurrency.max(1) => {
                     if received == 0 {
                         break;
@@ -140,11 +149,94 @@ impl Completer {
     }
 }
 
+/// How a batch's tries ended.
+enum Tried {
+    Committed,
+    /// The process gave up on persisting (hard shutdown with the database away).
+    Abandoned,
+    /// The database refused the batch this many times, with this last error.
+    Refused(QueueError),
+}
+
+/// Refusals of a batch before its completions are persisted one by one, so that the rest are not
+/// held hostage by one the database will not take.
+const REFUSALS_BEFORE_SPLITTING: u32 = 2;
+
+/// Refusals of a single completion before its fallback is tried, and of the fallback before the
+/// job is left to the heartbeat's hand-back.
+const REFUSALS_BEFORE_FALLBACK: u32 = 3;
+
 impl Persister {
     /// Returns false if abandoned before committing.
     async fn persist_until_done(&self, batch: &[Completion]) -> bool {
+        if let [one] = batch {
+            return self.persist_one(one).await;
+        }
+        match self.try_until(batch, REFUSALS_BEFORE_SPLITTING).await {
+            Tried::Committed => true,
+            Tried::Abandoned => false,
+            Tried::Refused(_) => {
+                for one in batch {
+                    if !self.persist_one(one).await {
+                        return false;
+                    }
+                }
+                true
+            }
+        }
+    }
+
+    /// Persists one completion. If the database keeps refusing it (an output `jsonb` cannot hold,
+    /// a hook that fails on this job), the attempt is recorded as failed with the reason instead,
+    /// so the job is retried or discarded by its own rules and never stays `running` behind a
+    /// completion that cannot be saved. If even that is refused, the job is dropped from this
+    /// process's in-flight set, so the heartbeat hands it back like a job whose fetch reply was
+    /// lost, and the completer goes on.
+    async fn persist_one(&self, completion: &Completion) -> bool {
+        let refusal = match self
+            .try_until(std::slice::from_ref(completion), REFUSALS_BEFORE_FALLBACK)
+            .await
+        {
+            Tried::Committed => return true,
+            Tried::Abandoned => return false,
+            Tried::Refused(e) => e,
+        };
+        let job = completion.job.job();
+        tracing::error!(job_id = job.id, attempt = job.attempt, outcome = completion.resolution.label(), error = %refusal,
+            "the database refuses this attempt's end; recording the attempt as failed instead");
+        let fallback = Completion {
+            job: completion.job.clone(),
+            resolution: Resolution::Outcome(JobOutcome::Failed {
+                kind: FailureKind::Error,
+                message: format!(
+                    "the end of this attempt ({}) could not be saved: {refusal}",
+                    completion.resolution.label()
+                ),
+            }),
+            output: None,
+        };
+        let refusal = match self
+            .try_until(std::slice::from_ref(&fallback), REFUSALS_BEFORE_FALLBACK)
+            .await
+        {
+            Tried::Committed => return true,
+            Tried::Abandoned => return false,
+            Tried::Refused(e) => e,
+        };
+        tracing::error!(job_id = job.id, attempt = job.attempt, error = %refusal,
+            "the database refuses to record this attempt as failed too; leaving the job to be handed back");
+        self.inflight.remove_all(std::iter::once(completion.id()));
+        self.metrics.outcome(&job.queue, &job.kind, "unsaved");
+        true
+    }
+
+    /// Tries `batch` until it commits, the process abandons it, or the database has refused it
+    /// `refusals` times. Connection errors and lost conflicts are not refusals: they are retried
+    /// for as long as it takes.
+    async fn try_until(&self, batch: &[Completion], refusals: u32) -> Tried {
         let mut delay = Duration::from_millis(20);
         let mut failures = 0u32;
+        let mut refused = 0u32;
         loop {
             let started = std::time::Instant::now();
             match self.persist(batch).await {
@@ -155,25 +247,21 @@ impl Persister {
                         "completions persisted"
                     );
                     self.after_commit(batch, &applied);
-                    return true;
+                    return Tried::Committed;
                 }
                 Err(e) => {
                     failures += 1;
-                    tracing::warn!(error = %e, jobs = batch.len(), failures, "persisting completions failed; retrying");
-                    if batch.len() > 1 && !e.is_connection_error() && failures >= 2 {
-                        // Something in the batch is refused: persist jobs one by one so the
-                        // rest are not held hostage.
-                        for one in batch.chunks(1) {
-                            if !Box::pin(self.persist_until_done(one)).await {
-                                return false;
-                            }
-                        }
-                        return true;
+                    if !e.is_transient() {
+                        refused += 1;
+                    }
+                    tracing::warn!(error = %e, jobs = batch.len(), failures, refused, "persisting completions failed");
+                    if refused >= refusals {
+                        return Tried::Refused(e);
                     }
                 }
             }
             tokio::select! {
-                () = self.abandon.cancelled() => return false,
+                () = self.abandon.cancelled() => return Tried::Abandoned,
                 () = tokio::time::sleep(delay) => {}
             }
             delay = (delay * 2).min(Duration::from_secs(5));
@@ -392,7 +480,8 @@ impl Columns {
         self.states.push(state.unwrap_or(""));
         self.delays.push(delay);
         self.kinds.push(kind);
-        self.messages.push(message.to_owned());
+        // PostgreSQL's text cannot hold NUL; a message with one would be refused whole.
+        self.messages.push(message.replace('\0', "\u{fffd}"));
     }
 }
 

@@ -33,6 +33,30 @@ impl QueueError {
             _ => false,
         }
     }
+
+    /// Whether the same statements may well succeed when tried again: the connection failed, or
+    /// the transaction lost a conflict (serialization failure, deadlock, a lock or statement
+    /// timeout), also when a hook or the gate met it. Anything else is the database refusing
+    /// this particular work, and will refuse it again.
+    pub fn is_transient(&self) -> bool {
+        let sqlx_error = match self {
+            QueueError::Database(e) => Some(e),
+            QueueError::Hook(e) | QueueError::Gate(e) => e.downcast_ref::<sqlx::Error>(),
+            _ => None,
+        };
+        sqlx_error.is_some_and(|e| is_connection_error(e) || is_lost_conflict(e))
+    }
+}
+
+/// Class 40 (transaction rollback: serialization failure, deadlock), 55P03 (lock not available)
+/// and 57014 (statement timeout or cancel).
+fn is_lost_conflict(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|c| c.starts_with("40") || matches!(c.as_ref(), "55P03" | "57014")),
+        _ => false,
+    }
 }
 
 /// Whether a sqlx error means the connection (not the statement) failed.
@@ -51,5 +75,44 @@ pub fn is_connection_error(e: &sqlx::Error) -> bool {
             })
         }
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use testkit::TestDb;
+
+    async fn error_of(pool: &sqlx::PgPool, sql: &'static str) -> QueueError {
+        let mut tx = pool.begin().await.unwrap();
+        sqlx::query("SET LOCAL statement_timeout = '50ms'")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        QueueError::Database(sqlx::query(sql).execute(&mut *tx).await.unwrap_err())
+    }
+
+    #[tokio::test]
+    async fn timeouts_and_lost_connections_are_transient_refusals_are_not() {
+        let db = TestDb::new().await;
+        assert!(
+            error_of(&db.pool, "SELECT pg_sleep(1)")
+                .await
+                .is_transient()
+        );
+        assert!(!error_of(&db.pool, "SELECT 1/0").await.is_transient());
+        assert!(
+            !error_of(&db.pool, "SELECT '{\"a\":\"\\u0000\"}'::jsonb")
+                .await
+                .is_transient()
+        );
+        let refused = error_of(&db.pool, "SELECT 1/0").await;
+        let QueueError::Database(refused) = refused else {
+            unreachable!()
+        };
+        assert!(!QueueError::Hook(Box::new(refused)).is_transient());
+        assert!(QueueError::Hook(Box::new(sqlx::Error::PoolTimedOut)).is_transient());
+        assert!(QueueError::Database(sqlx::Error::PoolClosed).is_transient());
+        assert!(!QueueError::InvalidJob("no".into()).is_transient());
     }
 }

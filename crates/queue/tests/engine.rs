@@ -134,6 +134,89 @@ async fn failures_back_off_then_discard_keeping_every_error_and_panics_do_not_ki
     engine.stop().await;
 }
 
+/// PostgreSQL refuses a NUL character in `text` and `jsonb`. A handler's output with one cannot
+/// be stored: the attempt is recorded as failed with the reason (and the job retried, then
+/// discarded) instead of being retried forever, and the completions around it are saved. A
+/// failure message with one is stored with the character replaced.
+#[tokio::test]
+async fn an_end_the_database_refuses_is_recorded_as_a_failure_and_stalls_nothing() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let mut workers = Workers::new();
+    workers.register_fn::<Unstorable, _, _>(|ctx, _| async move {
+        ctx.set_output(&serde_json::json!({"text": "nul \u{0} inside"}))
+            .unwrap();
+        Ok(())
+    });
+    workers.register_fn::<AlwaysFail, _, _>(|_, _| async move {
+        Err(JobError::msg("nul \u{0} in the message"))
+    });
+    workers.register_fn::<Noop, _, _>(|_, _| async move { Ok(()) });
+    let unstorable = client
+        .insert(NewJob::new(q("q"), &Unstorable {}).unwrap().max_attempts(2))
+        .await
+        .unwrap()
+        .job;
+    let failing = client
+        .insert(NewJob::new(q("q"), &AlwaysFail {}).unwrap().max_attempts(1))
+        .await
+        .unwrap()
+        .job;
+    let noops: Vec<_> = (0..20)
+        .map(|_| NewJob::new(q("q"), &Noop {}).unwrap())
+        .collect();
+    client.insert_many(noops).await.unwrap();
+    let engine = start(&client, fast_config(), &[("q", 8)], workers);
+
+    let discarded = eventually(
+        Duration::from_secs(20),
+        "unstorable job discarded",
+        || async {
+            let j = client.job(unstorable.id).await.unwrap().unwrap();
+            (j.state == JobState::Discarded).then_some(j)
+        },
+    )
+    .await;
+    let errors = discarded.attempt_errors();
+    assert_eq!(errors.len(), 2, "one error per attempt: {errors:?}");
+    for e in &errors {
+        assert_eq!(e.kind, FailureKind::Error);
+        assert!(
+            e.error
+                .starts_with("the end of this attempt (completed) could not be saved: "),
+            "{}",
+            e.error
+        );
+    }
+    assert_eq!(discarded.output, None);
+    let failed = eventually(Duration::from_secs(20), "failing job discarded", || async {
+        let j = client.job(failing.id).await.unwrap().unwrap();
+        (j.state == JobState::Discarded).then_some(j)
+    })
+    .await;
+    assert_eq!(
+        failed.attempt_errors()[0].error,
+        "nul \u{fffd} in the message"
+    );
+    eventually(
+        Duration::from_secs(20),
+        "every other job completed",
+        || async { (count_in_state(&db.pool, "completed").await == 20).then_some(()) },
+    )
+    .await;
+    // The completer still persists new work.
+    let later = client
+        .insert(NewJob::new(q("q"), &Noop {}).unwrap())
+        .await
+        .unwrap()
+        .job;
+    eventually(Duration::from_secs(10), "a later job completed", || async {
+        (client.job(later.id).await.unwrap().unwrap().state == JobState::Completed).then_some(())
+    })
+    .await;
+    engine.stop().await;
+}
+
 #[tokio::test]
 async fn a_job_snoozed_a_hundred_times_with_three_attempts_still_completes() {
     let db = TestDb::new().await;
@@ -415,6 +498,42 @@ async fn shutdown_lets_jobs_finish_and_hands_back_those_past_the_deadline() {
         .await
         .unwrap();
     assert_eq!(workers_left, 0, "the worker deregistered");
+}
+
+/// A handler that blocks its thread cannot be interrupted: its executor, and with it the
+/// completions' channel, stays alive. Shutdown still ends within its bound (deadline, cancel
+/// grace, then 10 s for the completer) instead of waiting for the handler, leaving that job
+/// `running` for the rescuer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_even_when_a_handler_blocks_its_thread() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let mut workers = Workers::new();
+    workers.register_fn::<Sleep, _, _>(|_, args| async move {
+        std::thread::sleep(Duration::from_millis(args.ms));
+        Ok(())
+    });
+    let stuck = client
+        .insert(NewJob::new(q("q"), &Sleep { ms: 15_000 }).unwrap())
+        .await
+        .unwrap()
+        .job;
+    let mut config = fast_config();
+    config.shutdown_timeout = Duration::from_millis(200);
+    let engine = start(&client, config, &[("q", 1)], workers);
+    eventually(Duration::from_secs(10), "the job running", || async {
+        (count_in_state(&db.pool, "running").await == 1).then_some(())
+    })
+    .await;
+    let stopping = std::time::Instant::now();
+    engine.stop().await;
+    assert!(
+        stopping.elapsed() < Duration::from_secs(13),
+        "stopped after {:?}, waiting for the handler",
+        stopping.elapsed()
+    );
+    let stuck = client.job(stuck.id).await.unwrap().unwrap();
+    assert_eq!(stuck.state, JobState::Running, "left for the rescuer");
 }
 
 #[tokio::test]

@@ -123,3 +123,4 @@ job_args!(Panics, "panics" {});
 job_args!(SnoozeUntil, "snooze_until" { times: i64 });
 job_args!(Unregistered, "unregistered" {});
 job_args!(Tag, "tag" { n: u64 });
+job_args!(Unstorable, "unstorable" {});
