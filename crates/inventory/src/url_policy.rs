@@ -17,6 +17,21 @@
 //!
 //! Error messages never contain credentials: a URL with user info is refused without echoing
 //! any part of it, and [`redact`] scrubs user info from any text (such as git's stderr).
+//!
+//! Normalisation ([`RepoUrl::as_str`], what git fetches and what `analyses.repository` stores):
+//! lower-case scheme and host, no default port (`:443`), runs of `/` in the path collapsed to
+//! one, no trailing `/`; the rest of the path is kept verbatim (its case matters on many hosts,
+//! and so does `.git`). git asks for `<url>/info/refs` with or without a trailing `/`, and an
+//! empty path segment names no repository on any git host (nginx and web frameworks merge
+//! them), so what is dropped never changes which repository is fetched.
+//!
+//! The cache key ([`RepoUrl::cache_key`], SPEC §5 "same repository") also drops one trailing
+//! `.git`, so `https://github.com/o/r`, `…/o/r.git`, `…/o/r/` and `https://github.com:443/o/r`
+//! are one repository. The `.git` stays in the URL git fetches: GitLab and GitBucket serve
+//! `o/r` only through a redirect to `o/r.git`, and fetches never follow redirects, while hosts
+//! such as Azure DevOps have no `.git` form at all — so no single spelling clones everywhere,
+//! and the user's is kept. A look-up over stored URLs matches both spellings of the key
+//! ([`RepoUrl::cache_spellings`]).
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -86,20 +101,43 @@ impl fmt::Display for Host {
     }
 }
 
-/// A syntactically valid repository URL, normalised (lower-case scheme and host).
+/// A syntactically valid repository URL, normalised (see the module documentation).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RepoUrl {
     scheme: Scheme,
     host: Option<Host>,
+    /// An explicit port other than the scheme's default.
     port: Option<u16>,
     path: String,
     normalized: String,
+    cache_key: String,
 }
 
 impl RepoUrl {
-    /// The normalised URL (what is handed to git, and safe to log: it never has credentials).
+    /// The normalised URL (what is handed to git, what `analyses.repository` stores, and safe to
+    /// log: it never has credentials): lower-case scheme and host, no `:443`, no repeated or
+    /// trailing `/`, and otherwise the path as given, `.git` included.
     pub fn as_str(&self) -> &str {
         &self.normalized
+    }
+
+    /// The repository's identity for the analysis cache: [`RepoUrl::as_str`] without one
+    /// trailing `.git` (https only, and only after a non-empty name: `https://host/o/.git`
+    /// keeps it). Not a URL to fetch: some hosts serve the repository only under `.git`.
+    /// `file://` URLs (tests and local development) are their own key, since two local folders
+    /// `r` and `r.git` are two repositories.
+    pub fn cache_key(&self) -> &str {
+        &self.cache_key
+    }
+
+    /// The two normalised URLs ([`RepoUrl::as_str`]) with this URL's cache key: the key itself
+    /// and the key with `.git` appended (for `file://`, the URL twice). A cache look-up over
+    /// stored normalised URLs matches either; this URL is one of them.
+    pub fn cache_spellings(&self) -> [String; 2] {
+        match self.scheme {
+            Scheme::Https => [self.cache_key.clone(), format!("{}.git", self.cache_key)],
+            Scheme::File => [self.normalized.clone(), self.normalized.clone()],
+        }
     }
 
     /// The scheme.
@@ -120,7 +158,7 @@ impl RepoUrl {
         }
     }
 
-    /// The path (for `file://`, the local filesystem path).
+    /// The path, normalised for https (for `file://`, the local filesystem path as given).
     pub fn path(&self) -> &str {
         &self.path
     }
@@ -467,14 +505,40 @@ pub fn check_url(url: &str, policy: &UrlPolicy) -> Result<RepoUrl, UrlError> {
     let (host, port) = parse_authority(authority)?;
     check_host(&host, policy)?;
     check_https_path(path)?;
+    let port = port.filter(|&p| p != 443);
     let port_text = port.map(|p| format!(":{p}")).unwrap_or_default();
+    let path = normalize_https_path(path);
     Ok(RepoUrl {
         scheme: Scheme::Https,
         normalized: format!("https://{host}{port_text}{path}"),
+        cache_key: format!("https://{host}{port_text}{}", without_git_suffix(&path)),
         host: Some(host),
         port,
-        path: path.to_string(),
+        path,
     })
+}
+
+/// `path` (checked: it has a character other than `/`) with every run of `/` collapsed to one
+/// and no trailing `/` (see the module documentation for why this fetches the same repository).
+fn normalize_https_path(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    for c in path.chars() {
+        if !(c == '/' && out.ends_with('/')) {
+            out.push(c);
+        }
+    }
+    let kept = out.trim_end_matches('/').len();
+    out.truncate(kept);
+    out
+}
+
+/// A normalised path without one trailing `.git`, unless nothing would be left of its last
+/// segment (`/o/.git`).
+fn without_git_suffix(path: &str) -> &str {
+    match path.strip_suffix(".git") {
+        Some(stem) if stem.rsplit('/').next().is_some_and(|name| !name.is_empty()) => stem,
+        _ => path,
+    }
 }
 
 /// Checks a URL syntactically, then resolves its host and checks the addresses.
@@ -526,6 +590,7 @@ fn check_file_url(authority: &str, path: &str) -> Result<RepoUrl, UrlError> {
         port: None,
         path: path.to_string(),
         normalized: format!("file://{path}"),
+        cache_key: format!("file://{path}"),
     })
 }
 
@@ -816,6 +881,139 @@ mod tests {
         assert_eq!(url.as_str(), "https://[2606:4700:4700::1111]/r.git");
         check_url("https://93.184.216.34/r.git", &strict()).unwrap();
         check_url("https://gitlab.com/group/sub%20group/repo", &strict()).unwrap();
+    }
+
+    fn key(url: &str) -> String {
+        check_url(url, &strict()).unwrap().cache_key().to_owned()
+    }
+
+    #[test]
+    fn normalises_default_port_slashes_and_keeps_the_path_verbatim() {
+        let n = |url: &str| check_url(url, &strict()).unwrap().as_str().to_owned();
+        assert_eq!(n("https://github.com:443/o/r"), "https://github.com/o/r");
+        assert_eq!(
+            check_url("https://github.com:443/o/r", &strict())
+                .unwrap()
+                .port(),
+            Some(443)
+        );
+        assert_eq!(n("https://github.com/o/r/"), "https://github.com/o/r");
+        assert_eq!(n("https://github.com/o/r///"), "https://github.com/o/r");
+        assert_eq!(n("https://github.com//o///r"), "https://github.com/o/r");
+        // `.git` and case stay in the URL git fetches.
+        assert_eq!(
+            n("https://github.com/O/R.git/"),
+            "https://github.com/O/R.git"
+        );
+        assert_eq!(
+            n("https://GITHUB.COM:443/o/r.git"),
+            "https://github.com/o/r.git"
+        );
+        assert_eq!(
+            n("https://git.example.org:8443/o/r/"),
+            "https://git.example.org:8443/o/r"
+        );
+        assert_eq!(
+            check_url("https://github.com/o//r/", &strict())
+                .unwrap()
+                .path(),
+            "/o/r"
+        );
+        // Only a path of slashes has nothing left: refused as before.
+        for url in [
+            "https://github.com",
+            "https://github.com/",
+            "https://github.com//",
+        ] {
+            assert!(
+                matches!(check_url(url, &strict()), Err(UrlError::InvalidPath { .. })),
+                "{url}"
+            );
+        }
+    }
+
+    #[test]
+    fn equivalent_spellings_share_one_cache_key() {
+        let canonical = "https://github.com/o/r";
+        for url in [
+            "https://github.com/o/r",
+            "https://github.com/o/r.git",
+            "https://github.com/o/r/",
+            "https://github.com/o/r.git/",
+            "https://github.com/o/r//",
+            "https://github.com//o//r",
+            "https://github.com:443/o/r",
+            "https://github.com:443/o/r.git/",
+            "HTTPS://GitHub.COM/o/r.git",
+        ] {
+            assert_eq!(key(url), canonical, "{url}");
+            let spellings = check_url(url, &strict()).unwrap().cache_spellings();
+            assert_eq!(
+                spellings,
+                ["https://github.com/o/r", "https://github.com/o/r.git"],
+                "{url}"
+            );
+            let fetched = check_url(url, &strict()).unwrap();
+            assert!(spellings.iter().any(|s| s == fetched.as_str()), "{url}");
+        }
+    }
+
+    #[test]
+    fn different_repositories_keep_different_cache_keys() {
+        let distinct = [
+            "https://github.com/o/r",
+            "https://github.com/o/r2",
+            "https://github.com/o/R",
+            "https://github.com/O/r",
+            "https://github.com/o2/r",
+            "https://github.com/o/r.git.git",
+            "https://github.com/o/r.gitx",
+            "https://github.com/o/r.GIT",
+            "https://github.com/o/r/sub",
+            "https://gitlab.com/o/r",
+            "https://github.com:8443/o/r",
+            "https://github.com/o",
+            "https://github.com/.git",
+            "https://github.com/o/.git",
+        ];
+        let keys: Vec<String> = distinct.iter().map(|u| key(u)).collect();
+        for (i, a) in keys.iter().enumerate() {
+            for b in &keys[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+        // One `.git` is dropped; a name that is only `.git` is kept whole.
+        assert_eq!(
+            key("https://github.com/o/r.git.git"),
+            "https://github.com/o/r.git"
+        );
+        assert_eq!(key("https://github.com/.git"), "https://github.com/.git");
+        assert_eq!(
+            key("https://github.com/o/.git/"),
+            "https://github.com/o/.git"
+        );
+        assert_eq!(key("https://github.com/o/R.git"), "https://github.com/o/R");
+        assert_eq!(
+            key("https://github.com:8443/o/r.git"),
+            "https://github.com:8443/o/r"
+        );
+        assert_eq!(
+            key("https://[2606:4700:4700::1111]:443/r.git/"),
+            "https://[2606:4700:4700::1111]/r"
+        );
+    }
+
+    #[test]
+    fn file_urls_are_their_own_cache_key() {
+        let p = UrlPolicy::with_file_urls(true);
+        let url = check_url("file:///srv/repos/x.git", &p).unwrap();
+        assert_eq!(url.cache_key(), "file:///srv/repos/x.git");
+        assert_eq!(
+            url.cache_spellings(),
+            ["file:///srv/repos/x.git", "file:///srv/repos/x.git"]
+        );
+        let bare = check_url("file:///srv/repos/x", &p).unwrap();
+        assert_ne!(bare.cache_key(), url.cache_key());
     }
 
     #[test]
