@@ -19,6 +19,7 @@
 
 use chrono::Utc;
 use common::{AnalysisArgs, Service, SpecviewArgs, Tier};
+use inventory::RepoUrl;
 use queue::{ComposedJob, NewJob};
 use sqlx::postgres::PgArguments;
 use sqlx::{Arguments, FromRow, PgConnection, Row};
@@ -34,8 +35,9 @@ use crate::routes::{ANALYSIS_COLUMNS, AnalysisView};
 pub enum NewRecord {
     Analysis {
         analysis_id: Uuid,
-        /// The normalised repository URL.
-        repository: String,
+        /// The repository: its normalised URL is stored and fetched, its cache key finds
+        /// earlier analyses of it however they spelled it.
+        repository: RepoUrl,
         /// The ref as the user gave it (`None`: the default branch).
         requested_ref: Option<String>,
         /// The commit it resolved to.
@@ -98,7 +100,7 @@ impl EnqueueRequest {
                 &AnalysisArgs {
                     user_id: Some(self.user_id),
                     analysis_id: *analysis_id,
-                    repository: repository.clone(),
+                    repository: repository.as_str().to_owned(),
                     git_ref: Some(commit.clone()),
                 },
             )?,
@@ -329,7 +331,9 @@ struct BatchRead {
 /// earlier lock holders committed, as the quota check needs): the standings of `plan`
 /// ([`quota::standings_cte`]) and, for each analysis request, the caller's own completed
 /// analysis of the repository at the commit, or else a copy of anyone's (the inventory of a
-/// public commit is the same for everybody) made for the caller in the same statement. The two
+/// public commit is the same for everybody) made for the caller in the same statement. The
+/// repository is matched by its cache key, so an analysis of `…/o/r.git` serves `…/o/r`; the
+/// copy stores the caller's spelling, its result the one that was fetched. The two
 /// row sets come back side by side (`FULL JOIN … ON false`), each row filled from one of them.
 async fn cached_and_standings(
     conn: &mut PgConnection,
@@ -339,6 +343,8 @@ async fn cached_and_standings(
     let mut ords = Vec::new();
     let mut users = Vec::new();
     let mut repositories = Vec::new();
+    let mut keyed_bare = Vec::new();
+    let mut keyed_git = Vec::new();
     let mut commits = Vec::new();
     let mut refs = Vec::new();
     for (index, item) in items.iter().enumerate() {
@@ -352,6 +358,9 @@ async fn cached_and_standings(
             ords.push(i64::try_from(index).unwrap_or(i64::MAX));
             users.push(item.user_id);
             repositories.push(repository.as_str());
+            let [bare, git] = repository.cache_spellings();
+            keyed_bare.push(bare);
+            keyed_git.push(git);
             commits.push(commit.as_str());
             refs.push(requested_ref.as_deref());
         }
@@ -361,6 +370,8 @@ async fn cached_and_standings(
         args.add(ords)?;
         args.add(users)?;
         args.add(repositories)?;
+        args.add(keyed_bare)?;
+        args.add(keyed_git)?;
         args.add(commits)?;
         args.add(refs)
     })?;
@@ -402,27 +413,35 @@ fn bind(
 }
 
 /// The element types of the cache look-up's parameters in [`cached_and_standings_sql`], in
-/// [`cached_and_standings`]'s order: request ordinal, user, repository, commit, requested ref.
-const CACHE_TYPES: [&str; 5] = ["int8", "uuid", "text", "text", "text"];
+/// [`cached_and_standings`]'s order: request ordinal, user, repository (normalised URL, what a
+/// copy stores), the two normalised URLs with its cache key
+/// ([`inventory::RepoUrl::cache_spellings`]: `o/r` and `o/r.git` are one repository), commit,
+/// requested ref.
+const CACHE_TYPES: [&str; 7] = ["int8", "uuid", "text", "text", "text", "text", "text"];
 
 /// The statement of [`cached_and_standings`], built once: the cache look-up's parameters first,
-/// then the standings'.
+/// then the standings'. The repository is matched with `= ANY (ARRAY[…])`, not `IN (…)`:
+/// PostgreSQL turns an `IN` of two columns into an `OR` that the indexes (`analyses_cache`,
+/// `analyses_user`) do not take as a condition, while `ANY` is one on both.
 fn cached_and_standings_sql() -> &'static str {
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SQL.get_or_init(|| {
         format!(
             "WITH input AS ( \
-               SELECT * FROM {requests} AS t(ord, user_id, repository, commit, requested_ref) \
+               SELECT * FROM {requests} \
+                 AS t(ord, user_id, repository, keyed_bare, keyed_git, commit, requested_ref) \
              ), own AS ( \
                SELECT DISTINCT ON (i.ord) i.ord, a.id AS own_id FROM input i \
-               JOIN analyses a ON a.user_id = i.user_id AND a.repository = i.repository \
+               JOIN analyses a ON a.user_id = i.user_id \
+                              AND a.repository = ANY (ARRAY[i.keyed_bare, i.keyed_git]) \
                               AND a.commit = i.commit AND a.state = 'completed' \
                ORDER BY i.ord, a.completed_at DESC \
              ), source AS ( \
                SELECT DISTINCT ON (i.ord) i.ord, gen_random_uuid() AS copy_id, i.user_id, \
                       i.repository, i.commit, i.requested_ref, a.id AS source_id, a.result \
                FROM input i \
-               JOIN analyses a ON a.repository = i.repository AND a.commit = i.commit \
+               JOIN analyses a ON a.repository = ANY (ARRAY[i.keyed_bare, i.keyed_git]) \
+                              AND a.commit = i.commit \
                               AND a.state = 'completed' AND a.cached_from IS NULL \
                WHERE NOT EXISTS (SELECT 1 FROM own o WHERE o.ord = i.ord) \
                ORDER BY i.ord, a.completed_at DESC \

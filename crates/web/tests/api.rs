@@ -702,18 +702,24 @@ async fn cache_hits_return_the_stored_result_without_job_reservation_or_usage() 
     .execute(&db.pool)
     .await
     .unwrap();
-    // Same repository written differently (upper-case host) and the commit in upper case.
+    // Same repository written differently (upper-case host, default port, no `.git`, trailing
+    // slash) and the commit in upper case.
     let r = s
         .http
         .post_json(
             "/v1/analyses",
             &key,
-            &json!({"repository": "https://GitHub.com/fairlane-test/fixture.git", "ref": sha(5).to_uppercase()}),
+            &json!({"repository": "https://GitHub.com:443/fairlane-test/fixture/", "ref": sha(5).to_uppercase()}),
         )
         .await;
     assert_eq!(r.status, 200, "{}", r.text());
     let body = r.json();
     assert_eq!(body["cached"], true);
+    // The copy keeps the caller's spelling, normalised.
+    assert_eq!(
+        body["repository"],
+        "https://github.com/fairlane-test/fixture"
+    );
     assert_eq!(body["state"], "completed");
     assert_eq!(body["result"]["tests"], 7);
     assert_eq!(body["commit"], sha(5));
@@ -737,6 +743,32 @@ async fn cache_hits_return_the_stored_result_without_job_reservation_or_usage() 
         .json();
     assert_eq!(again["id"], body["id"]);
     assert_eq!(written_rows(&db.pool).await, [0, 0, 0, 2, 0]);
+    for spelling in [
+        "https://github.com/fairlane-test/fixture.git/",
+        "https://github.com//fairlane-test//fixture",
+    ] {
+        let again = s
+            .http
+            .post_json(
+                "/v1/analyses",
+                &key,
+                &json!({"repository": spelling, "ref": sha(5)}),
+            )
+            .await
+            .json();
+        assert_eq!(again["id"], body["id"], "{spelling}");
+    }
+    assert_eq!(written_rows(&db.pool).await, [0, 0, 0, 2, 0]);
+    // Another repository (path case matters) is not cached.
+    let other_repository = s
+        .http
+        .post_json(
+            "/v1/analyses",
+            &key,
+            &json!({"repository": "https://github.com/fairlane-test/Fixture", "ref": sha(5)}),
+        )
+        .await;
+    assert_eq!(other_repository.status, 202, "{}", other_repository.text());
     // A different commit is not cached.
     let miss = s
         .http

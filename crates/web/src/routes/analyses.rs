@@ -133,7 +133,7 @@ pub async fn create(
     let analysis_id = Uuid::now_v7();
     let record = NewRecord::Analysis {
         analysis_id,
-        repository: repo.as_str().to_owned(),
+        repository: repo,
         requested_ref: git_ref.map(str::to_owned),
         commit: commit.clone(),
     };
