@@ -154,9 +154,12 @@ impl Client {
         insert::insert(conn, job).await
     }
 
+    /// Inserts `jobs` all or none: in one transaction, since unique keys can take a batch more
+    /// than one statement (a duplicate whose holder finished meanwhile is inserted again).
     pub async fn insert_many(&self, jobs: Vec<NewJob>) -> Result<Vec<Inserted>, QueueError> {
-        let mut conn = self.pool.acquire().await?;
-        let inserted = insert::insert_many_with(&mut conn, jobs, Notify::AfterCommit).await?;
+        let mut tx = self.pool.begin().await?;
+        let inserted = insert::insert_many_with(&mut tx, jobs, Notify::AfterCommit).await?;
+        tx.commit().await?;
         self.wake_for(&inserted);
         Ok(inserted)
     }
