@@ -1,8 +1,10 @@
 //! Persists the ends of job attempts in batches: every completion waiting in the channel goes into
 //! one transaction (one `UPDATE … FROM unnest(…)` per kind of ending, plus the transition hooks).
 //!
-//! Each update is guarded by `state = 'running' AND attempt = <the attempt that ran>`, so an attempt
-//! whose job was meanwhile rescued and re-run can never complete or fail it a second time. Nothing
+//! Each update is guarded by `state = 'running' AND attempt = <the attempt that ran> AND
+//! attempted_at = <when that run was fetched>`, so a run whose job was meanwhile rescued or handed
+//! back and run again can never complete or fail it a second time. The attempt alone would not
+//! do: a job handed back is fetched again with the same attempt number. Nothing
 //! is reported (metrics, logs) before the transaction commits. A batch that fails is retried —
 //! first whole, then job by job — until it commits or the process is told to abandon it; abandoned
 //! jobs stay `running` and are rescued once this process stops heartbeating. A completion the
@@ -24,7 +26,7 @@ use crate::hooks::{Transition, TransitionHook, run_hooks, wakes_after_commit};
 use crate::job::{FailureKind, JobId};
 use crate::metrics::QueueMetrics;
 use crate::outcome::JobOutcome;
-use crate::runtime::Inflight;
+use crate::runtime::{Inflight, RunStart};
 use crate::wake::Waker;
 
 /// How an attempt ended, including the runtime's own "handed back on shutdown".
@@ -58,6 +60,10 @@ impl Completion {
     }
     fn attempt(&self) -> i16 {
         self.job.job().attempt
+    }
+    /// The run this completion ends (see [`RunStart`]).
+    fn run(&self) -> (JobId, RunStart) {
+        (self.id(), self.job.job().attempted_at)
     }
 }
 
@@ -225,7 +231,7 @@ impl Persister {
         };
         tracing::error!(job_id = job.id, attempt = job.attempt, error = %refusal,
             "the database refuses to record this attempt as failed too; leaving the job to be handed back");
-        self.inflight.remove_all(std::iter::once(completion.id()));
+        self.inflight.remove_all(std::iter::once(completion.run()));
         self.metrics.outcome(&job.queue, &job.kind, "unsaved");
         true
     }
@@ -269,7 +275,7 @@ impl Persister {
     }
 
     fn after_commit(&self, batch: &[Completion], applied: &HashSet<JobId>) {
-        self.inflight.remove_all(batch.iter().map(Completion::id));
+        self.inflight.remove_all(batch.iter().map(Completion::run));
         for c in batch {
             let job = c.job.job();
             if applied.contains(&job.id) {
@@ -316,10 +322,11 @@ impl Persister {
 /// A generic plan counts an array of unknown length as a few rows and always takes the index.
 const COMPLETION_BEGIN_SQL: &str = "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan";
 
-/// The update for attempts that completed: `$1` job ids, `$2` the attempts that ran, `$3` outputs.
+/// The update for attempts that completed: `$1` job ids, `$2` the attempts that ran, `$3` outputs,
+/// `$4` when each run was fetched.
 const COMPLETED_SQL: &str = "UPDATE fairlane_job j SET state = 'completed', finalized_at = now(), output = u.output \
-     FROM unnest($1::int8[], $2::int2[], $3::jsonb[]) AS u(id, attempt, output) \
-     WHERE j.id = u.id AND j.state = 'running' AND j.attempt = u.attempt RETURNING j.id, j.queue, j.kind, j.user_id, j.state";
+     FROM unnest($1::int8[], $2::int2[], $3::jsonb[], $4::timestamptz[]) AS u(id, attempt, output, attempted_at) \
+     WHERE j.id = u.id AND j.state = 'running' AND j.attempt = u.attempt AND j.attempted_at = u.attempted_at RETURNING j.id, j.queue, j.kind, j.user_id, j.state";
 
 /// Writes every completion of `batch`; returns the transitions that applied.
 async fn persist_batch(
@@ -368,6 +375,7 @@ async fn persist_batch(
                 .bind(&done.ids)
                 .bind(&done.attempts)
                 .bind(&done.outputs)
+                .bind(&done.started)
                 .fetch_all(&mut *conn)
                 .await?,
         );
@@ -380,9 +388,9 @@ async fn persist_batch(
                  finalized_at = CASE WHEN u.state = 'discarded' OR (j.metadata ->> 'cancel_attempted_at') IS NOT NULL THEN now() END, \
                  errors = j.errors || jsonb_build_array(jsonb_build_object( \
                      'attempt', u.attempt, 'at', now(), 'kind', u.kind, 'error', u.message)) \
-             FROM unnest($1::int8[], $2::int2[], $3::text[], $4::float8[], $5::text[], $6::text[]) \
-                  AS u(id, attempt, state, delay, kind, message) \
-             WHERE j.id = u.id AND j.state = 'running' AND j.attempt = u.attempt RETURNING j.id, j.queue, j.kind, j.user_id, j.state";
+             FROM unnest($1::int8[], $2::int2[], $3::text[], $4::float8[], $5::text[], $6::text[], $7::timestamptz[]) \
+                  AS u(id, attempt, state, delay, kind, message, attempted_at) \
+             WHERE j.id = u.id AND j.state = 'running' AND j.attempt = u.attempt AND j.attempted_at = u.attempted_at RETURNING j.id, j.queue, j.kind, j.user_id, j.state";
         transitions.extend(
             sqlx::query_as::<_, Transition>(sql)
                 .bind(&failed.ids)
@@ -391,6 +399,7 @@ async fn persist_batch(
                 .bind(&failed.delays)
                 .bind(&failed.kinds)
                 .bind(&failed.messages)
+                .bind(&failed.started)
                 .fetch_all(&mut *conn)
                 .await?,
         );
@@ -404,13 +413,14 @@ async fn persist_batch(
                  attempt = j.attempt - 1, \
                  metadata = jsonb_set(j.metadata, '{snoozes}', \
                      to_jsonb(coalesce((j.metadata ->> 'snoozes')::int, 0) + 1)) \
-             FROM unnest($1::int8[], $2::int2[], $3::float8[]) AS u(id, attempt, delay) \
-             WHERE j.id = u.id AND j.state = 'running' AND j.attempt = u.attempt RETURNING j.id, j.queue, j.kind, j.user_id, j.state";
+             FROM unnest($1::int8[], $2::int2[], $3::float8[], $4::timestamptz[]) AS u(id, attempt, delay, attempted_at) \
+             WHERE j.id = u.id AND j.state = 'running' AND j.attempt = u.attempt AND j.attempted_at = u.attempted_at RETURNING j.id, j.queue, j.kind, j.user_id, j.state";
         transitions.extend(
             sqlx::query_as::<_, Transition>(sql)
                 .bind(&snoozed.ids)
                 .bind(&snoozed.attempts)
                 .bind(&snoozed.delays)
+                .bind(&snoozed.started)
                 .fetch_all(&mut *conn)
                 .await?,
         );
@@ -418,13 +428,14 @@ async fn persist_batch(
     if !cancelled.ids.is_empty() {
         let sql = "UPDATE fairlane_job j SET state = 'cancelled', finalized_at = now(), \
                  metadata = j.metadata || jsonb_build_object('cancel_reason', u.reason) \
-             FROM unnest($1::int8[], $2::int2[], $3::text[]) AS u(id, attempt, reason) \
-             WHERE j.id = u.id AND j.state = 'running' AND j.attempt = u.attempt RETURNING j.id, j.queue, j.kind, j.user_id, j.state";
+             FROM unnest($1::int8[], $2::int2[], $3::text[], $4::timestamptz[]) AS u(id, attempt, reason, attempted_at) \
+             WHERE j.id = u.id AND j.state = 'running' AND j.attempt = u.attempt AND j.attempted_at = u.attempted_at RETURNING j.id, j.queue, j.kind, j.user_id, j.state";
         transitions.extend(
             sqlx::query_as::<_, Transition>(sql)
                 .bind(&cancelled.ids)
                 .bind(&cancelled.attempts)
                 .bind(&cancelled.messages)
+                .bind(&cancelled.started)
                 .fetch_all(&mut *conn)
                 .await?,
         );
@@ -438,14 +449,15 @@ async fn persist_batch(
                  attempt = j.attempt - 1, \
                  errors = j.errors || jsonb_build_array(jsonb_build_object( \
                      'attempt', u.attempt, 'at', now(), 'kind', u.kind, 'error', u.message)) \
-             FROM unnest($1::int8[], $2::int2[], $3::text[], $4::text[]) AS u(id, attempt, kind, message) \
-             WHERE j.id = u.id AND j.state = 'running' AND j.attempt = u.attempt RETURNING j.id, j.queue, j.kind, j.user_id, j.state";
+             FROM unnest($1::int8[], $2::int2[], $3::text[], $4::text[], $5::timestamptz[]) AS u(id, attempt, kind, message, attempted_at) \
+             WHERE j.id = u.id AND j.state = 'running' AND j.attempt = u.attempt AND j.attempted_at = u.attempted_at RETURNING j.id, j.queue, j.kind, j.user_id, j.state";
         transitions.extend(
             sqlx::query_as::<_, Transition>(sql)
                 .bind(&interrupted.ids)
                 .bind(&interrupted.attempts)
                 .bind(&interrupted.kinds)
                 .bind(&interrupted.messages)
+                .bind(&interrupted.started)
                 .fetch_all(&mut *conn)
                 .await?,
         );
@@ -463,6 +475,8 @@ struct Columns {
     delays: Vec<f64>,
     kinds: Vec<&'static str>,
     messages: Vec<String>,
+    /// Each run's `attempted_at`, with the attempt the guard of every update.
+    started: Vec<RunStart>,
 }
 
 impl Columns {
@@ -482,6 +496,7 @@ impl Columns {
         self.kinds.push(kind);
         // PostgreSQL's text cannot hold NUL; a message with one would be refused whole.
         self.messages.push(message.replace('\0', "\u{fffd}"));
+        self.started.push(c.job.job().attempted_at);
     }
 }
 
@@ -527,8 +542,15 @@ mod tests {
         .fetch_all(&mut *tx)
         .await
         .unwrap();
+        // Every running job was fetched by the same statement: one `attempted_at`.
+        let attempted_at: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(
+            "SELECT DISTINCT attempted_at FROM fairlane_job WHERE state = 'running'",
+        )
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
         sqlx::query(sqlx::AssertSqlSafe(format!(
-            "PREPARE fairlane_completed (int8[], int2[], jsonb[]) AS {COMPLETED_SQL}"
+            "PREPARE fairlane_completed (int8[], int2[], jsonb[], timestamptz[]) AS {COMPLETED_SQL}"
         )))
         .execute(&mut *tx)
         .await
@@ -536,8 +558,10 @@ mod tests {
         let id_list = ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",");
         let explained: Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE fairlane_completed( \
-               '{{{id_list}}}', array_fill(1::int2, ARRAY[{n}]), array_fill(NULL::jsonb, ARRAY[{n}]))",
-            n = ids.len()
+               '{{{id_list}}}', array_fill(1::int2, ARRAY[{n}]), array_fill(NULL::jsonb, ARRAY[{n}]), \
+               array_fill('{started}'::timestamptz, ARRAY[{n}]))",
+            n = ids.len(),
+            started = attempted_at.to_rfc3339()
         )))
         .fetch_one(&mut *tx)
         .await

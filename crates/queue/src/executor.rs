@@ -30,7 +30,8 @@ pub(crate) struct Dispatch {
 /// Registers the job as held by this process and spawns its execution on `tracker`.
 pub(crate) fn spawn(rt: &Arc<Runtime>, tracker: &tokio_util::task::TaskTracker, d: Dispatch) {
     let control = Arc::new(JobControl::default());
-    rt.inflight.insert(d.job.id, Arc::clone(&control));
+    rt.inflight
+        .insert(d.job.id, d.job.attempted_at, Arc::clone(&control));
     let wait = d
         .job
         .attempted_at

@@ -62,7 +62,8 @@ macro_rules! ordered_scan_settings {
 /// settings end with the transaction.
 ///
 /// - `synchronous_commit` off: a fetch lost in a server crash only puts its jobs back to
-///   `available` (and the attempt that ran meanwhile is refused at completion), so it need not
+///   `available` (and the run that went on meanwhile is refused at completion: its
+///   `attempted_at` is not the job's any more once it is fetched again), so it need not
 ///   wait for the WAL flush. Completions keep full durability.
 /// - Bitmap scans and sorts off, so a statement ordered like `fairlane_job_fetch` walks that
 ///   index and stops at its `LIMIT` (ADR 0013). With no statistics on `state`

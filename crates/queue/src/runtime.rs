@@ -21,25 +21,34 @@ use crate::middleware::Middleware;
 /// in here (their fetch result never arrived).
 #[derive(Debug, Default)]
 pub(crate) struct Inflight {
-    jobs: Mutex<HashMap<JobId, Arc<JobControl>>>,
+    jobs: Mutex<HashMap<JobId, (RunStart, Arc<JobControl>)>>,
 }
 
+/// When an attempt was fetched (`attempted_at`): with the job id, what tells one run of a job
+/// from another. The attempt number does not: a job handed back is fetched again with the same
+/// number.
+pub(crate) type RunStart = Option<chrono::DateTime<chrono::Utc>>;
+
 impl Inflight {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<JobId, Arc<JobControl>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<JobId, (RunStart, Arc<JobControl>)>> {
         self.jobs
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    pub(crate) fn insert(&self, id: JobId, control: Arc<JobControl>) {
-        self.lock().insert(id, control);
+    pub(crate) fn insert(&self, id: JobId, started: RunStart, control: Arc<JobControl>) {
+        self.lock().insert(id, (started, control));
     }
 
-    /// Removes a batch under one lock.
-    pub(crate) fn remove_all(&self, ids: impl IntoIterator<Item = JobId>) {
+    /// Removes a batch of runs under one lock. A job held by a later run of this process (it was
+    /// rescued, then fetched here again while the old run went on) stays: the old run's end must
+    /// not make the new one look unknown, which would hand it back while it runs.
+    pub(crate) fn remove_all(&self, runs: impl IntoIterator<Item = (JobId, RunStart)>) {
         let mut jobs = self.lock();
-        for id in ids {
-            jobs.remove(&id);
+        for (id, started) in runs {
+            if jobs.get(&id).is_some_and(|(held, _)| *held == started) {
+                jobs.remove(&id);
+            }
         }
     }
 
@@ -53,7 +62,7 @@ impl Inflight {
 
     /// Tells one running job to stop; false if this process does not hold it.
     pub(crate) fn cancel(&self, id: JobId, reason: CancelReason) -> bool {
-        let control = self.lock().get(&id).cloned();
+        let control = self.lock().get(&id).map(|(_, control)| Arc::clone(control));
         match control {
             Some(c) => {
                 c.cancel(reason);
@@ -64,7 +73,11 @@ impl Inflight {
     }
 
     pub(crate) fn cancel_all(&self, reason: CancelReason) {
-        let controls: Vec<_> = self.lock().values().cloned().collect();
+        let controls: Vec<_> = self
+            .lock()
+            .values()
+            .map(|(_, control)| Arc::clone(control))
+            .collect();
         for c in controls {
             c.cancel(reason);
         }

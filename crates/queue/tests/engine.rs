@@ -536,6 +536,88 @@ async fn shutdown_ends_even_when_a_handler_blocks_its_thread() {
     assert_eq!(stuck.state, JobState::Running, "left for the rescuer");
 }
 
+/// A run whose job was handed back and fetched again (the same attempt number, as after a
+/// hand-back or a fetch lost in a database crash) ends nothing: its failure is not recorded over
+/// the new run, and its end does not make this process forget the new run (which the heartbeat
+/// would then hand back while it runs).
+#[tokio::test]
+async fn an_old_run_of_a_job_fetched_again_ends_nothing() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let release = Arc::new([tokio::sync::Notify::new(), tokio::sync::Notify::new()]);
+    let mut workers = Workers::new();
+    {
+        let (runs, release) = (runs.clone(), release.clone());
+        workers.register_fn::<Tag, _, _>(move |_, _| {
+            let (runs, release) = (runs.clone(), release.clone());
+            async move {
+                let run = runs.fetch_add(1, Ordering::SeqCst);
+                release[run.min(1)].notified().await;
+                if run == 0 {
+                    Err(JobError::msg("the first run failed"))
+                } else {
+                    Ok(())
+                }
+            }
+        });
+    }
+    let job = client
+        .insert(NewJob::new(q("q"), &Tag { n: 1 }).unwrap())
+        .await
+        .unwrap()
+        .job;
+    let engine = start(&client, fast_config(), &[("q", 2)], workers);
+    eventually(Duration::from_secs(10), "the first run started", || async {
+        (runs.load(Ordering::SeqCst) == 1).then_some(())
+    })
+    .await;
+    // Handed back behind the first run's back, as the heartbeat's hand-back does.
+    sqlx::query(
+        "UPDATE fairlane_job SET state = 'available', attempt = attempt - 1, scheduled_at = now() \
+         WHERE id = $1",
+    )
+    .bind(job.id)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the second run started",
+        || async { (runs.load(Ordering::SeqCst) == 2).then_some(()) },
+    )
+    .await;
+    release[0].notify_one();
+    // Long enough for the first run's completion and several heartbeats (200 ms) past the
+    // hand-back's grace (500 ms).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let during = client.job(job.id).await.unwrap().unwrap();
+    assert_eq!(
+        during.state,
+        JobState::Running,
+        "the second run still holds it"
+    );
+    assert_eq!(during.attempt, 1);
+    assert!(
+        during.attempt_errors().is_empty(),
+        "{:?}",
+        during.attempt_errors()
+    );
+    release[1].notify_one();
+    let done = eventually(
+        Duration::from_secs(10),
+        "the second run completed",
+        || async {
+            let j = client.job(job.id).await.unwrap().unwrap();
+            (j.state == JobState::Completed).then_some(j)
+        },
+    )
+    .await;
+    assert!(done.attempt_errors().is_empty());
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "no third run");
+    engine.stop().await;
+}
+
 #[tokio::test]
 async fn lost_database_connections_lose_and_double_nothing() {
     let db = TestDb::new().await;
