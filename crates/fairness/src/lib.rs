@@ -12,14 +12,16 @@
 //!   transaction as its new state; a crashed worker's slots come back when the queue rescues its
 //!   jobs. Nothing is counted in memory.
 //! - [`FairnessGate`] admits jobs at fetch time, inside the fetch transaction: users already at
-//!   their limit are skipped by the candidate query (their backlog never occupies a worker), the
-//!   remaining candidates' users are locked (advisory locks, in a fixed order) and re-counted, and
-//!   only jobs within each user's limit start.
+//!   their limit are skipped by the candidate query (their backlog never occupies a worker), each
+//!   remaining candidate's user is try-locked (a transaction-scoped advisory lock, taken as the
+//!   scan meets the user; a user another fetch is admitting is left to the next fetch, never
+//!   waited for) and re-counted, and only jobs within each user's limit start.
 //! - [`FairnessHook`] notifies the service's queues when a user's job leaves `running`, so that
 //!   user's next waiting job starts within milliseconds instead of after a snooze.
 //! - [`FairnessMiddleware`] is ADR-10's mechanism, kept for jobs that did not come through the
-//!   gate: it checks the same fleet-wide count under the same lock and snoozes over-limit jobs
-//!   (30 s + up to 10 s jitter, never consuming an attempt).
+//!   gate: it checks the same fleet-wide count, without a lock (a job checks after its own fetch
+//!   committed, so of two racing for a last slot at least one sees the other), and snoozes
+//!   over-limit jobs (30 s + up to 10 s jitter, never consuming an attempt).
 //!
 //! The decisions are pure functions in [`decision`]; the SQL lives in [`store`].
 

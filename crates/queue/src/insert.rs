@@ -1,8 +1,10 @@
 //! Putting jobs into the queue: one or many (optionally unique, inside the caller's transaction)
 //! with a single `INSERT … SELECT FROM unnest(…)` statement, and bulk loads with binary `COPY`.
 //!
-//! Each statement also `NOTIFY`s the queues that received runnable jobs; PostgreSQL delivers the
-//! notification only when the transaction commits, so a rolled-back insert wakes nobody.
+//! In a caller's transaction ([`Notify::InStatement`]) each statement also `NOTIFY`s the queues
+//! that received runnable jobs; PostgreSQL delivers the notification only when the transaction
+//! commits, so a rolled-back insert wakes nobody. The client's own inserts and `QueueTx` wake the
+//! producers after commit instead ([`Notify::AfterCommit`], ADR 0006).
 
 use std::collections::HashMap;
 
