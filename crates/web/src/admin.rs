@@ -69,7 +69,14 @@ pub fn parse_tier(tier: &str) -> Result<Tier, AdminError> {
         .map_err(|e| AdminError::Invalid(format!("tier: {e}")))
 }
 
+/// A display name as stored: trimmed, 1 to 200 characters, no NUL (PostgreSQL's `text` cannot
+/// hold U+0000, and would refuse the insert).
 fn check_name(name: &str) -> Result<&str, AdminError> {
+    if name.contains('\0') {
+        return Err(AdminError::Invalid(
+            "name: must not contain NUL characters (U+0000)".into(),
+        ));
+    }
     let name = name.trim();
     let len = name.chars().count();
     if !(1..=200).contains(&len) {
@@ -128,8 +135,14 @@ pub async fn issue_key(pool: &PgPool, user_id: Uuid) -> Result<IssuedKeyView, Ad
     })
 }
 
-/// Revokes a key (idempotent: revoking a revoked key reports the first revocation).
+/// Revokes a key (idempotent: revoking a revoked key reports the first revocation). An id not of
+/// the form [`keys::is_id`] names no key and is not looked up (it could hold a NUL, which
+/// PostgreSQL would refuse).
 pub async fn revoke_key(pool: &PgPool, key_id: &str) -> Result<RevokedKeyView, AdminError> {
+    let not_found = || AdminError::NotFound(format!("no API key `{}`", key_id.escape_debug()));
+    if !keys::is_id(key_id) {
+        return Err(not_found());
+    }
     let row: Option<RevokedKeyView> = sqlx::query_as(
         "UPDATE api_keys SET revoked_at = COALESCE(revoked_at, now()) WHERE id = $1 \
          RETURNING id AS key_id, user_id, revoked_at",
@@ -137,5 +150,45 @@ pub async fn revoke_key(pool: &PgPool, key_id: &str) -> Result<RevokedKeyView, A
     .bind(key_id)
     .fetch_optional(pool)
     .await?;
-    row.ok_or_else(|| AdminError::NotFound(format!("no API key `{key_id}`")))
+    row.ok_or_else(not_found)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// The functions the HTTP endpoints and the `web admin` subcommands share refuse a NUL
+    /// before PostgreSQL sees it (it would refuse the statement: a database error, a 500).
+    #[tokio::test]
+    async fn nul_characters_are_refused_before_the_database() {
+        let db = testkit::TestDb::new().await;
+        for name in ["a\0b", "\0", " Ada\0 "] {
+            let e = create_user(&db.pool, name, Tier::Free).await.unwrap_err();
+            assert!(
+                matches!(&e, AdminError::Invalid(m) if m.contains("NUL")),
+                "{name:?}: {e:?}"
+            );
+        }
+        let user = create_user(&db.pool, "Ada", Tier::Free).await.unwrap();
+        let issued = issue_key(&db.pool, user.id).await.unwrap();
+        for key_id in ["\0", "0123456789abcde\0", &format!("{}\0", issued.key_id)] {
+            let e = revoke_key(&db.pool, key_id).await.unwrap_err();
+            assert!(
+                matches!(&e, AdminError::NotFound(m) if m.contains("\\0")),
+                "{e:?}"
+            );
+        }
+        assert!(parse_tier("free\0").is_err());
+        let (users, revoked): (i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM users), \
+                    (SELECT count(*) FROM api_keys WHERE revoked_at IS NOT NULL)",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!((users, revoked), (1, 0));
+        revoke_key(&db.pool, &issued.key_id).await.unwrap();
+    }
 }

@@ -55,12 +55,16 @@ pub fn hash_key(key: &str) -> [u8; 32] {
     Sha256::digest(key.as_bytes()).into()
 }
 
+/// Whether `id` has the form of a key's public id: 16 lower-case hex characters.
+pub fn is_id(id: &str) -> bool {
+    id.len() == ID_BYTES * 2 && id.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
+}
+
 /// The public id of a well-formed key, `None` if the text cannot be a key.
 pub fn parse_id(key: &str) -> Option<&str> {
     let rest = key.strip_prefix(KEY_PREFIX)?;
     let (id, secret) = rest.split_once('_')?;
-    let id_ok =
-        id.len() == ID_BYTES * 2 && id.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'));
+    let id_ok = is_id(id);
     let secret_ok = secret.len() == 43
         && secret
             .bytes()
@@ -108,6 +112,22 @@ mod tests {
             "flk_0123456789ABCDEF_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
         ] {
             assert_eq!(parse_id(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn only_lower_case_hex_of_the_right_length_is_an_id() {
+        assert!(is_id(&generate().unwrap().id));
+        assert!(is_id("0123456789abcdef"));
+        for bad in [
+            "",
+            "0123456789abcde",
+            "0123456789abcdef0",
+            "0123456789ABCDEF",
+            "0123456789abcde\0",
+            "0123456789abcdeg",
+        ] {
+            assert!(!is_id(bad), "{bad:?}");
         }
     }
 

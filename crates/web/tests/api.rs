@@ -413,6 +413,144 @@ async fn bad_input_is_a_helpful_4xx_and_writes_nothing() {
     s.stop().await;
 }
 
+/// PostgreSQL refuses NUL (U+0000) in `text` and inside `jsonb` strings; every string a caller
+/// supplies is refused before it gets there: 422 naming the field for bodies, 404 for path ids.
+#[tokio::test]
+async fn nul_characters_are_refused_before_the_database_and_write_nothing() {
+    let db = TestDb::new().await;
+    let s = start(&db).await;
+    let (_, key) = user_with_key(&db.pool, "pro").await;
+    let users_before = count(&db.pool, "users").await;
+    let keys_before = count(&db.pool, "api_keys").await;
+    let admin = format!("Bearer {ADMIN_TOKEN}");
+    let admin_json = [
+        ("authorization", admin.as_str()),
+        ("content-type", "application/json"),
+    ];
+    let auth = format!("Bearer {key}");
+    let user_json = [
+        ("authorization", auth.as_str()),
+        ("content-type", "application/json"),
+    ];
+    // Bodies, written as JSON text so that the escape reaches the server as sent.
+    /// Request headers.
+    type Headers<'a> = &'a [(&'a str, &'a str)];
+    let bodies: [(Headers<'_>, Method, String, &str, &str); 9] = [
+        (
+            &admin_json,
+            Method::POST,
+            "/admin/users".into(),
+            r#"{"name":"a\u0000b","tier":"free"}"#,
+            "name: must not contain NUL",
+        ),
+        (
+            &admin_json,
+            Method::POST,
+            "/admin/users".into(),
+            r#"{"name":"\u0000","tier":"free"}"#,
+            "name: must not contain NUL",
+        ),
+        (
+            &admin_json,
+            Method::POST,
+            "/admin/users".into(),
+            r#"{"name":"Ada","tier":"free\u0000"}"#,
+            "unknown tier",
+        ),
+        (
+            &admin_json,
+            Method::PATCH,
+            format!("/admin/users/{}", uuid::Uuid::new_v4()),
+            r#"{"tier":"pro\u0000"}"#,
+            "unknown tier",
+        ),
+        (
+            &user_json,
+            Method::POST,
+            "/v1/analyses".into(),
+            r#"{"repository":"https://github.com/a/b\u0000"}"#,
+            "repository: ",
+        ),
+        (
+            &user_json,
+            Method::POST,
+            "/v1/analyses".into(),
+            r#"{"repository":"https://github.com/a/b%00"}"#,
+            "repository: ",
+        ),
+        (
+            &user_json,
+            Method::POST,
+            "/v1/analyses".into(),
+            r#"{"repository":"https://github.com/a/b","ref":"main\u0000"}"#,
+            "ref: ",
+        ),
+        (
+            &user_json,
+            Method::POST,
+            "/v1/analyses".into(),
+            r#"{"repository":"https://github.com/a/b","ref":"\u0000"}"#,
+            "ref: ",
+        ),
+        (
+            &user_json,
+            Method::POST,
+            "/v1/specviews".into(),
+            r#"{"analysis_id":"\u0000"}"#,
+            "UUID parsing failed",
+        ),
+    ];
+    for (headers, method, path, body, detail) in bodies {
+        let r = s
+            .http
+            .send(method, &path, headers, Some(body.as_bytes().to_vec()))
+            .await;
+        let b = r.problem(422, "validation_failed");
+        assert!(
+            b["detail"].as_str().unwrap().contains(detail),
+            "{path} {body}: {b}"
+        );
+    }
+    // Path ids: a NUL (`%00`) or anything else that is not an id's form names nothing.
+    let admin_only = [("authorization", admin.as_str())];
+    let user_only = [("authorization", auth.as_str())];
+    let paths: [(Headers<'_>, Method, &str); 10] = [
+        (&admin_only, Method::DELETE, "/admin/keys/%00"),
+        (
+            &admin_only,
+            Method::DELETE,
+            "/admin/keys/0123456789abcde%00",
+        ),
+        (&admin_only, Method::DELETE, "/admin/keys/not-a-key-id"),
+        (&admin_only, Method::POST, "/admin/users/%00/keys"),
+        (&admin_json, Method::PATCH, "/admin/users/%00"),
+        (&user_only, Method::GET, "/v1/jobs/%00"),
+        (&user_only, Method::DELETE, "/v1/jobs/1%00"),
+        (&user_only, Method::GET, "/v1/analyses/%00"),
+        (&user_only, Method::GET, "/v1/specviews/%00"),
+        (&user_only, Method::GET, "/v1/specviews/a%00b"),
+    ];
+    for (headers, method, path) in paths {
+        let body = (method == Method::PATCH).then(|| br#"{"tier":"pro"}"#.to_vec());
+        s.http
+            .send(method, path, headers, body)
+            .await
+            .problem(404, "not_found");
+    }
+    assert_eq!(count(&db.pool, "users").await, users_before);
+    assert_eq!(count(&db.pool, "api_keys").await, keys_before);
+    let (revoked,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM api_keys WHERE revoked_at IS NOT NULL")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(revoked, 0);
+    assert_eq!(written_rows(&db.pool).await, [0, 0, 0, 0, 0]);
+    // The key and the server still work.
+    assert_eq!(s.http.get("/v1/usage", &key).await.status, 200);
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn every_tier_is_routed_to_its_lane_and_unknown_tiers_to_default() {
     let db = TestDb::new().await;
