@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 use common::Tier;
 use http::HeaderMap;
 use http::request::Parts;
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::batch::{BatchRun, Pending};
@@ -111,19 +112,7 @@ impl BatchRun for KeyLookup {
 
     async fn run(&self, batch: Vec<Pending<Self>>) {
         let ids: Vec<&str> = batch.iter().map(|p| p.item.as_str()).collect();
-        let rows: Result<Vec<KeyRow>, sqlx::Error> = async {
-            let mut conn = self.connections.take().await?;
-            let rows = sqlx::query_as(
-                "SELECT k.id, k.user_id, k.key_hash, k.revoked_at IS NOT NULL, u.tier::text \
-                     FROM api_keys k JOIN users u ON u.id = k.user_id WHERE k.id = ANY($1)",
-            )
-            .bind(&ids)
-            .fetch_all(&mut *conn)
-            .await?;
-            self.connections.keep(conn);
-            Ok(rows)
-        }
-        .await;
+        let rows = self.look_up(&ids).await;
         match rows {
             Ok(rows) => {
                 let found: HashMap<String, StoredKey> = rows
@@ -143,6 +132,40 @@ impl BatchRun for KeyLookup {
             }
         }
     }
+}
+
+impl KeyLookup {
+    /// The stored keys among `ids`, read on a held connection. If that connection was kept from
+    /// an earlier batch and has failed since (a restart, an idle kill), the read runs once more
+    /// on a fresh one: it changes nothing, so running it again is always safe.
+    async fn look_up(&self, ids: &[&str]) -> Result<Vec<KeyRow>, sqlx::Error> {
+        let mut conn = self.connections.take().await?;
+        let rows = match select_keys(&mut conn, ids).await {
+            Err(e) if conn.may_retry_after(&e) => {
+                tracing::warn!(
+                    error = %e,
+                    "the key look-up's kept connection failed; looking up again on a fresh one"
+                );
+                drop(conn);
+                conn = self.connections.take_fresh().await?;
+                select_keys(&mut conn, ids).await?
+            }
+            rows => rows?,
+        };
+        self.connections.keep(conn);
+        Ok(rows)
+    }
+}
+
+/// One statement for the keys of a batch.
+async fn select_keys(conn: &mut PgConnection, ids: &[&str]) -> Result<Vec<KeyRow>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT k.id, k.user_id, k.key_hash, k.revoked_at IS NOT NULL, u.tier::text \
+         FROM api_keys k JOIN users u ON u.id = k.user_id WHERE k.id = ANY($1)",
+    )
+    .bind(ids)
+    .fetch_all(conn)
+    .await
 }
 
 /// Middleware: records the caller's [`Identity`] in the request extensions.

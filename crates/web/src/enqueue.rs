@@ -12,10 +12,13 @@
 //! (`quota_exceeded`, decided in arrival order under the users' locks, so the limit holds
 //! exactly), or an accepted job whose reservation and record commit with it. If the batch's
 //! transaction fails before its commit, nothing of it exists and each request is retried alone,
-//! so one bad request fails only itself. A failed commit is not retried: whether it took effect
-//! is unknown, and a retry could enqueue twice. A request whose caller stopped waiting (it timed
-//! out and was told nothing changed) is left out: if that happens while its batch runs, the
-//! batch rolls back and runs again without it.
+//! so one bad request fails only itself. If it failed because its connection, kept from an
+//! earlier batch and untested since, had died (a restart, an idle kill), the whole batch first
+//! runs again on a fresh connection. A failed commit is not retried, not even when the
+//! connection was lost on the way: whether it took effect is unknown, and a retry could enqueue
+//! twice. A request whose caller stopped waiting (it timed out and was told nothing changed) is
+//! left out: if that happens while its batch runs, the batch rolls back and runs again without
+//! it.
 
 use chrono::Utc;
 use common::{AnalysisArgs, Service, SpecviewArgs, Tier};
@@ -141,6 +144,9 @@ type Outcome = Result<Enqueued, Problem>;
 enum BatchError {
     /// A statement failed: nothing happened, so a retry is safe.
     BeforeCommit(Problem),
+    /// The connection failed before `COMMIT` was sent: nothing happened, and the batch may run
+    /// again on another connection.
+    ConnectionLost(sqlx::Error),
     /// The commit failed: whether it took effect is unknown.
     AtCommit(Problem),
     /// A caller stopped waiting before the commit: rolled back, to run again without it.
@@ -155,13 +161,27 @@ impl From<Problem> for BatchError {
 
 impl From<sqlx::Error> for BatchError {
     fn from(e: sqlx::Error) -> Self {
-        BatchError::BeforeCommit(e.into())
+        if queue::error::is_connection_error(&e) {
+            BatchError::ConnectionLost(e)
+        } else {
+            BatchError::BeforeCommit(e.into())
+        }
     }
 }
 
 impl From<queue::QueueError> for BatchError {
     fn from(e: queue::QueueError) -> Self {
-        BatchError::BeforeCommit(e.into())
+        match e {
+            queue::QueueError::Database(e) => e.into(),
+            e => BatchError::BeforeCommit(e.into()),
+        }
+    }
+}
+
+/// Answers every request of `batch` with `problem`.
+fn answer_all(batch: Vec<Pending<EnqueueRunner>>, problem: &Problem) {
+    for pending in batch {
+        pending.answer(Err(problem.clone()));
     }
 }
 
@@ -194,7 +214,9 @@ impl BatchRun for EnqueueRunner {
                     return;
                 }
                 Err(BatchError::Abandoned) => continue,
-                Err(BatchError::BeforeCommit(_)) if batch.len() > 1 => {
+                Err(BatchError::BeforeCommit(_) | BatchError::ConnectionLost(_))
+                    if batch.len() > 1 =>
+                {
                     tracing::warn!(
                         requests = batch.len(),
                         "an enqueue batch failed before committing; retrying its requests one by one"
@@ -206,9 +228,11 @@ impl BatchRun for EnqueueRunner {
                 }
                 // Alone, or at the commit (whose effect is unknown): the problem is the answer.
                 Err(BatchError::AtCommit(problem) | BatchError::BeforeCommit(problem)) => {
-                    for pending in batch {
-                        pending.answer(Err(problem.clone()));
-                    }
+                    answer_all(batch, &problem);
+                    return;
+                }
+                Err(BatchError::ConnectionLost(e)) => {
+                    answer_all(batch, &Problem::from(e));
                     return;
                 }
             }
@@ -232,6 +256,7 @@ impl EnqueueRunner {
                     .unwrap_or_else(|| Err(Problem::internal(&"an enqueue gave no outcome"))),
                 Err(BatchError::Abandoned) => continue,
                 Err(BatchError::BeforeCommit(p) | BatchError::AtCommit(p)) => Err(p),
+                Err(BatchError::ConnectionLost(e)) => Err(Problem::from(e)),
             };
             pending.answer(outcome);
             return;
@@ -239,14 +264,30 @@ impl EnqueueRunner {
     }
 
     /// The whole batch in one transaction on a held connection, which is kept for the next
-    /// batch unless a statement failed on it.
+    /// batch unless a statement failed on it. If the connection was kept from an earlier batch
+    /// and failed before the commit was sent (nothing of the batch happened), the batch runs once
+    /// more on a fresh connection.
     async fn enqueue_all(
         &self,
         items: &[&EnqueueRequest],
         abandoned: impl Fn() -> bool,
     ) -> Result<Vec<Outcome>, BatchError> {
-        let mut conn = self.connections.take().await?;
-        let outcome = self.enqueue_on(&mut conn, items, abandoned).await;
+        let no_connection = |e: sqlx::Error| BatchError::BeforeCommit(e.into());
+        let mut conn = self.connections.take().await.map_err(no_connection)?;
+        let mut outcome = self.enqueue_on(&mut conn, items, &abandoned).await;
+        if let Err(BatchError::ConnectionLost(e)) = &outcome
+            && conn.may_retry_after(e)
+        {
+            tracing::warn!(
+                error = %e,
+                requests = items.len(),
+                "an enqueue batch's kept connection failed before the commit; running the batch \
+                 again on a fresh one"
+            );
+            drop(conn);
+            conn = self.connections.take_fresh().await.map_err(no_connection)?;
+            outcome = self.enqueue_on(&mut conn, items, &abandoned).await;
+        }
         if matches!(outcome, Ok(_) | Err(BatchError::Abandoned)) {
             self.connections.keep(conn);
         }

@@ -8,6 +8,11 @@
 //! error may have left it inside a transaction sqlx does not know about (a failed
 //! `BEGIN; …` in one simple query, see `queue::Client::begin_on_with`), and the next batch gets
 //! a fresh one.
+//!
+//! Nothing tests a held connection before it serves the next batch, so one the server closed
+//! meanwhile (a restart, an idle kill) fails that batch's first statement. A collector then
+//! runs the batch once more on [`HeldConnections::take_fresh`] if it is safe to
+//! ([`Held::may_retry_after`]).
 
 use std::ops::{Deref, DerefMut};
 use std::sync::Mutex;
@@ -28,12 +33,27 @@ pub struct HeldConnections {
 /// A connection taken from [`HeldConnections`]: given back with [`HeldConnections::keep`], or
 /// else closed when dropped.
 #[derive(Debug)]
-pub struct Held(Option<PoolConnection<Postgres>>);
+pub struct Held {
+    conn: Option<PoolConnection<Postgres>>,
+    /// It served an earlier batch and was kept since, untested (the pool tests those it hands
+    /// out).
+    reused: bool,
+}
+
+impl Held {
+    /// Whether a batch that failed with `error` on this connection may run again on a fresh
+    /// one: the connection was kept from an earlier batch, and `error` says the connection
+    /// failed, not the statement. The caller must also know that nothing of the batch can have
+    /// committed: a connection lost after `COMMIT` was sent leaves that unknown.
+    pub fn may_retry_after(&self, error: &sqlx::Error) -> bool {
+        self.reused && queue::error::is_connection_error(error)
+    }
+}
 
 impl Deref for Held {
     type Target = PgConnection;
     fn deref(&self) -> &PgConnection {
-        self.0
+        self.conn
             .as_deref()
             .unwrap_or_else(|| unreachable!("a Held has its connection until drop"))
     }
@@ -41,7 +61,7 @@ impl Deref for Held {
 
 impl DerefMut for Held {
     fn deref_mut(&mut self) -> &mut PgConnection {
-        self.0
+        self.conn
             .as_deref_mut()
             .unwrap_or_else(|| unreachable!("a Held has its connection until drop"))
     }
@@ -49,7 +69,7 @@ impl DerefMut for Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        if let Some(conn) = self.0.as_mut() {
+        if let Some(conn) = self.conn.as_mut() {
             conn.close_on_drop();
         }
     }
@@ -66,17 +86,30 @@ impl HeldConnections {
     /// A held connection, or one from the pool if none is idle.
     pub async fn take(&self) -> Result<Held, sqlx::Error> {
         let held = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        let conn = match held {
-            Some(conn) => conn,
-            None => self.pool.acquire().await?,
-        };
-        Ok(Held(Some(conn)))
+        match held {
+            Some(conn) => Ok(Held {
+                conn: Some(conn),
+                reused: true,
+            }),
+            None => self.take_fresh().await,
+        }
+    }
+
+    /// A connection from the pool (which tests an idle one before handing it out), never a held
+    /// one: for a batch to run again after its held connection failed.
+    pub async fn take_fresh(&self) -> Result<Held, sqlx::Error> {
+        Ok(Held {
+            conn: Some(self.pool.acquire().await?),
+            reused: false,
+        })
     }
 
     /// Keeps `conn` for the next batch. Call only when it just served one without error (a
     /// committed or rolled-back transaction), so that it is idle and alive.
     pub fn keep(&self, mut conn: Held) {
-        let Some(conn) = conn.0.take() else { return };
+        let Some(conn) = conn.conn.take() else {
+            return;
+        };
         if self.pool.is_closed() {
             return;
         }
@@ -149,5 +182,44 @@ pub(crate) mod tests {
             .await
             .unwrap();
         assert_eq!(ok, 1);
+    }
+
+    #[tokio::test]
+    async fn only_a_kept_connection_that_died_may_be_retried_on_a_fresh_one() {
+        let db = testkit::TestDb::new().await;
+        let held = HeldConnections::new(db.pool.clone());
+        let mut fresh = held.take().await.unwrap();
+        let refused = sqlx::query("SELECT 1 / 0")
+            .execute(&mut *fresh)
+            .await
+            .unwrap_err();
+        assert!(!fresh.may_retry_after(&refused), "a fresh connection");
+        assert!(
+            !fresh.may_retry_after(&sqlx::Error::PoolClosed),
+            "a fresh connection"
+        );
+        let pid = backend_pid(&mut fresh).await;
+        held.keep(fresh);
+
+        let mut kept = held.take().await.unwrap();
+        let refused = sqlx::query("SELECT 1 / 0")
+            .execute(&mut *kept)
+            .await
+            .unwrap_err();
+        assert!(!kept.may_retry_after(&refused), "the statement failed");
+        let (terminated,): (bool,) = sqlx::query_as("SELECT pg_terminate_backend($1, 10000)")
+            .bind(pid)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert!(terminated);
+        let lost = sqlx::query("SELECT 1")
+            .execute(&mut *kept)
+            .await
+            .unwrap_err();
+        assert!(kept.may_retry_after(&lost), "{lost:?}");
+        drop(kept);
+        let mut again = held.take_fresh().await.unwrap();
+        assert_ne!(backend_pid(&mut again).await, pid);
     }
 }

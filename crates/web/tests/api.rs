@@ -743,6 +743,108 @@ async fn a_failing_commit_is_answered_with_an_error_and_never_retried() {
     s.stop().await;
 }
 
+/// Terminates every other session of the test database (the server's pools and the
+/// collectors' held connections, as a restart or an idle kill would), waiting until each is gone
+/// (else a pool's ping could still pass on a session about to end).
+async fn terminate_other_backends(pool: &sqlx::PgPool) {
+    let terminated: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid()",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert!(!terminated.is_empty(), "no session to terminate");
+    assert!(terminated.iter().all(|&t| t), "a session stayed");
+}
+
+/// The collectors keep their connections outside the pool, so nothing tests them before a
+/// batch. One the server closed (a restart, an idle kill) fails the batch's first statement;
+/// the batch then runs again on a fresh connection, and its requests succeed as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_succeed_after_the_collectors_connections_were_killed() {
+    let db = TestDb::new().await;
+    let s = start(&db).await;
+    let (_, key) = user_with_key(&db.pool, "pro").await;
+    // Both collectors (key look-up, enqueue) now hold a connection.
+    let r = s
+        .http
+        .post_json("/v1/analyses", &key, &analysis_body(1))
+        .await;
+    assert_eq!(r.status, 202, "{}", r.text());
+
+    // A key look-up alone on its killed connection.
+    terminate_other_backends(&db.pool).await;
+    let r = s.http.get("/v1/usage", &key).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    // A batch of one on the enqueue collector's killed connection.
+    let r = s
+        .http
+        .post_json("/v1/analyses", &key, &analysis_body(2))
+        .await;
+    assert_eq!(r.status, 202, "{}", r.text());
+
+    // Both collectors at once, with concurrent requests.
+    terminate_other_backends(&db.pool).await;
+    let requests = (10..26).map(|n| {
+        let (http, key) = (s.http.clone(), key.clone());
+        async move {
+            http.post_json("/v1/analyses", &key, &analysis_body(n))
+                .await
+        }
+    });
+    for r in futures_util::future::join_all(requests).await {
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+    assert_eq!(written_rows(&db.pool).await, [18, 18, 0, 18, 0]);
+    s.stop().await;
+}
+
+/// A connection lost while COMMIT was on its way leaves the batch's fate unknown, so the batch is
+/// not run again, even on a connection kept from an earlier batch: here the backend ends itself
+/// in a deferred trigger (nothing commits), and the request is answered with an error after
+/// exactly one attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_lost_at_commit_is_answered_with_an_error_and_never_retried() {
+    let db = TestDb::new().await;
+    let s = start(&db).await;
+    let (_, key) = user_with_key(&db.pool, "pro").await;
+    for statement in [
+        "CREATE SEQUENCE lost_commit_attempts",
+        "CREATE FUNCTION lose_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF NEW.args->>'repository' LIKE '%lost%' THEN \
+           PERFORM nextval('lost_commit_attempts'); \
+           PERFORM pg_terminate_backend(pg_backend_pid()); \
+           PERFORM pg_sleep(5); END IF; RETURN NULL; END $$",
+        "CREATE CONSTRAINT TRIGGER lose_commit AFTER INSERT ON fairlane_job \
+         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION lose_commit()",
+    ] {
+        sqlx::query(statement).execute(&db.pool).await.unwrap();
+    }
+    // The enqueue collector now holds a connection, which the next batch reuses.
+    let r = s
+        .http
+        .post_json("/v1/analyses", &key, &analysis_body(1))
+        .await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    let body = json!({"repository": "https://github.com/a/lost", "ref": sha(2)});
+    let r = s.http.post_json("/v1/analyses", &key, &body).await;
+    assert_internal_problem_hides_the_trigger(&r);
+    let attempts: i64 = sqlx::query_scalar("SELECT last_value FROM lost_commit_attempts")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(attempts, 1, "a batch whose COMMIT was sent ran again");
+    assert_eq!(written_rows(&db.pool).await, [1, 1, 0, 1, 0]);
+    let r = s
+        .http
+        .post_json("/v1/analyses", &key, &analysis_body(3))
+        .await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    s.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reserved_units_become_used_exactly_once_when_jobs_complete() {
     let db = TestDb::new().await;
