@@ -20,6 +20,8 @@
 //! left out: if that happens while its batch runs, the batch rolls back and runs again without
 //! it.
 
+use std::sync::Arc;
+
 use chrono::Utc;
 use common::{AnalysisArgs, Service, SpecviewArgs, Tier};
 use inventory::RepoUrl;
@@ -28,8 +30,10 @@ use sqlx::postgres::PgArguments;
 use sqlx::{Arguments, FromRow, PgConnection, Row};
 use uuid::Uuid;
 
-use crate::batch::{BatchRun, Batcher, Pending};
+use crate::batch::{BatchFailed, BatchRun, Batcher, Pending};
+use crate::commit_claim::{self, CommitClaim};
 use crate::held::HeldConnections;
+use crate::middleware::TimeoutWatch;
 use crate::problem::Problem;
 use crate::routes::{ANALYSIS_COLUMNS, AnalysisView};
 
@@ -60,6 +64,8 @@ pub struct EnqueueRequest {
     pub record: NewRecord,
     /// The W3C trace context the job carries to its worker.
     pub trace: Option<serde_json::Value>,
+    /// Decides between the batch committing the request and its caller giving up ([`enqueue`]).
+    pub claim: Arc<CommitClaim>,
 }
 
 /// What became of a request.
@@ -79,6 +85,7 @@ impl EnqueueRequest {
             user_id,
             record,
             trace: telemetry::current_trace_context().and_then(|c| serde_json::to_value(c).ok()),
+            claim: Arc::default(),
         }
     }
 
@@ -137,6 +144,43 @@ pub struct EnqueueRunner {
 
 /// The batching enqueuer every `POST` that creates work goes through.
 pub type Enqueuer = Batcher<EnqueueRunner>;
+
+/// Submits `request` and waits for its outcome. If the caller stops waiting (the request timeout
+/// drops this future), the request is left out of its batch, unless the batch has already
+/// claimed it for commit ([`CommitClaim`]): then `watch` learns that the outcome is unknown, and
+/// the timeout's answer says so instead of "nothing was changed".
+pub async fn enqueue(
+    enqueuer: &Enqueuer,
+    request: EnqueueRequest,
+    watch: Option<TimeoutWatch>,
+) -> Result<Outcome, BatchFailed> {
+    let mut giving_up = GivingUp {
+        claim: Arc::clone(&request.claim),
+        watch,
+        answered: false,
+    };
+    let outcome = enqueuer.submit(request).await;
+    giving_up.answered = true;
+    outcome
+}
+
+/// Gives the request up when dropped before its answer came.
+struct GivingUp {
+    claim: Arc<CommitClaim>,
+    watch: Option<TimeoutWatch>,
+    answered: bool,
+}
+
+impl Drop for GivingUp {
+    fn drop(&mut self) {
+        if !self.answered
+            && !self.claim.abandon()
+            && let Some(watch) = &self.watch
+        {
+            watch.outcome_unknown();
+        }
+    }
+}
 
 type Outcome = Result<Enqueued, Problem>;
 
@@ -198,14 +242,12 @@ impl BatchRun for EnqueueRunner {
     async fn run(&self, mut batch: Vec<Pending<Self>>) {
         loop {
             // A request that timed out was answered 503 "nothing was changed": keep it so.
-            batch.retain(|p| !p.is_abandoned());
+            batch.retain(|p| !(p.is_abandoned() || p.item.claim.is_abandoned()));
             if batch.is_empty() {
                 return;
             }
             let items: Vec<&EnqueueRequest> = batch.iter().map(|p| &p.item).collect();
-            let outcome = self
-                .enqueue_all(&items, || batch.iter().any(Pending::is_abandoned))
-                .await;
+            let outcome = self.enqueue_all(&items).await;
             match outcome {
                 Ok(outcomes) => {
                     for (pending, outcome) in batch.into_iter().zip(outcomes) {
@@ -244,12 +286,10 @@ impl EnqueueRunner {
     /// One request in a transaction of its own.
     async fn run_alone(&self, pending: Pending<Self>) {
         loop {
-            if pending.is_abandoned() {
+            if pending.is_abandoned() || pending.item.claim.is_abandoned() {
                 return;
             }
-            let outcome = self
-                .enqueue_all(&[&pending.item], || pending.is_abandoned())
-                .await;
+            let outcome = self.enqueue_all(&[&pending.item]).await;
             let outcome = match outcome {
                 Ok(mut outcomes) => outcomes
                     .pop()
@@ -267,14 +307,10 @@ impl EnqueueRunner {
     /// batch unless a statement failed on it. If the connection was kept from an earlier batch
     /// and failed before the commit was sent (nothing of the batch happened), the batch runs once
     /// more on a fresh connection.
-    async fn enqueue_all(
-        &self,
-        items: &[&EnqueueRequest],
-        abandoned: impl Fn() -> bool,
-    ) -> Result<Vec<Outcome>, BatchError> {
+    async fn enqueue_all(&self, items: &[&EnqueueRequest]) -> Result<Vec<Outcome>, BatchError> {
         let no_connection = |e: sqlx::Error| BatchError::BeforeCommit(e.into());
         let mut conn = self.connections.take().await.map_err(no_connection)?;
-        let mut outcome = self.enqueue_on(&mut conn, items, &abandoned).await;
+        let mut outcome = self.enqueue_on(&mut conn, items).await;
         if let Err(BatchError::ConnectionLost(e)) = &outcome
             && conn.may_retry_after(e)
         {
@@ -286,7 +322,7 @@ impl EnqueueRunner {
             );
             drop(conn);
             conn = self.connections.take_fresh().await.map_err(no_connection)?;
-            outcome = self.enqueue_on(&mut conn, items, &abandoned).await;
+            outcome = self.enqueue_on(&mut conn, items).await;
         }
         if matches!(outcome, Ok(_) | Err(BatchError::Abandoned)) {
             self.connections.keep(conn);
@@ -301,7 +337,6 @@ impl EnqueueRunner {
         &self,
         conn: &mut PgConnection,
         items: &[&EnqueueRequest],
-        abandoned: impl Fn() -> bool,
     ) -> Result<Vec<Outcome>, BatchError> {
         let now = Utc::now();
         let requests: Vec<(Uuid, Service)> = items
@@ -345,7 +380,8 @@ impl EnqueueRunner {
                 outcomes[index] = Some(Ok(Enqueued::Accepted(job)));
             }
         }
-        if abandoned() {
+        // Every caller must still be waiting, and none can give up as unchanged from here on.
+        if !commit_claim::claim_all(items.iter().map(|item| &*item.claim)) {
             // A failed rollback leaves nothing either (the transaction never commits), but the
             // connection is then not kept.
             tx.rollback().await?;

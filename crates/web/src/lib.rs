@@ -9,6 +9,7 @@ pub mod admin;
 pub mod auth;
 pub mod batch;
 pub mod cli;
+pub mod commit_claim;
 pub mod config;
 pub mod docs;
 pub mod enqueue;

@@ -2,6 +2,8 @@
 //! template, a request span continuing the caller's W3C trace, and the request timeout.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::extract::{MatchedPath, Request, State};
@@ -57,10 +59,27 @@ pub async fn observe(State(state): State<AppState>, req: Request, next: Next) ->
 }
 
 /// Answers 503 `timeout` when the handler takes longer than `limit`; the handler's future is
-/// dropped, which rolls back any open transaction.
-pub async fn timeout(limit: Duration, req: Request, next: Next) -> Response {
-    match tokio::time::timeout(limit, next.run(req)).await {
+/// dropped, which rolls back any open transaction. A handler whose writes were already being
+/// committed when it was dropped says so through the request's [`TimeoutWatch`], and the answer
+/// is then 503 `timeout_outcome_unknown`: "nothing was changed" is said only when it is true.
+pub async fn timeout(limit: Duration, mut req: Request, next: Next) -> Response {
+    let watch = TimeoutWatch::default();
+    req.extensions_mut().insert(watch.clone());
+    // The handler's future is dropped at the end of this statement, before the watch is read.
+    let finished = tokio::time::timeout(limit, next.run(req)).await;
+    match finished {
         Ok(response) => response,
+        Err(_) if watch.is_outcome_unknown() => Problem::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "timeout_outcome_unknown",
+            format!(
+                "the request took longer than {} s and was abandoned while its writes were being \
+                 committed: they may have taken effect; look at GET /v1/usage and your jobs \
+                 before sending it again",
+                limit.as_secs_f64()
+            ),
+        )
+        .into_response(),
         Err(_) => Problem::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "timeout",
@@ -70,5 +89,22 @@ pub async fn timeout(limit: Duration, req: Request, next: Next) -> Response {
             ),
         )
         .into_response(),
+    }
+}
+
+/// A request extension the [`timeout`] layer reads after dropping a handler that ran out of
+/// time: a handler that learns, as it is dropped, that its writes may have committed calls
+/// [`TimeoutWatch::outcome_unknown`].
+#[derive(Debug, Clone, Default)]
+pub struct TimeoutWatch(Arc<AtomicBool>);
+
+impl TimeoutWatch {
+    /// The request's writes may have committed although its handler did not finish.
+    pub fn outcome_unknown(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    fn is_outcome_unknown(&self) -> bool {
+        self.0.load(Ordering::Acquire)
     }
 }

@@ -80,6 +80,12 @@ pub const CODES: &[(&str, u16, &str)] = &[
         503,
         "The request took longer than the server's limit and was rolled back",
     ),
+    (
+        "timeout_outcome_unknown",
+        503,
+        "The request took longer than the server's limit while its writes were being committed; \
+         they may have taken effect",
+    ),
     ("not_ready", 503, "The service cannot serve requests yet"),
     ("internal", 500, "An unexpected error on the server"),
 ];

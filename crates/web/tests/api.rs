@@ -1378,6 +1378,48 @@ async fn a_request_past_the_timeout_is_a_503_and_rolled_back() {
     s.stop().await;
 }
 
+/// A request whose timeout comes while its batch is committing is not told "nothing was
+/// changed": its writes commit, and the answer says they may have taken effect. A deferred
+/// trigger makes this request's COMMIT last a second, past the 500 ms timeout.
+#[tokio::test]
+async fn a_request_past_the_timeout_while_committing_is_told_its_outcome_is_unknown() {
+    let db = TestDb::new().await;
+    let mut c = config(&db);
+    c.http_request_timeout = Duration::from_millis(500);
+    let s = TestServer::start(c).await;
+    let (_, key) = user_with_key(&db.pool, "pro").await;
+    for statement in [
+        "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF NEW.args->>'repository' LIKE '%slow%' THEN PERFORM pg_sleep(1); END IF; \
+         RETURN NULL; END $$",
+        "CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON fairlane_job \
+         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()",
+    ] {
+        sqlx::query(statement).execute(&db.pool).await.unwrap();
+    }
+    let body = json!({"repository": "https://github.com/a/slow", "ref": sha(1)});
+    let r = s.http.post_json("/v1/analyses", &key, &body).await;
+    let problem = r.problem(503, "timeout_outcome_unknown");
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("may have taken effect"),
+        "{problem}"
+    );
+    // The commit finishes: the job, its reservation and its record exist, as the answer warned.
+    let mut rows = [0; 5];
+    for _ in 0..50 {
+        rows = written_rows(&db.pool).await;
+        if rows[0] == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(rows, [1, 1, 0, 1, 0]);
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn staged_results_stay_hidden_until_completed_and_job_filled_copies_are_not_cache_hits() {
     let db = TestDb::new().await;

@@ -2,6 +2,7 @@
 //! transaction, batched with concurrent requests by [`crate::enqueue`]) and
 //! `GET /v1/analyses/{id}`.
 
+use axum::Extension;
 use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -15,6 +16,7 @@ use super::{ANALYSIS_COLUMNS, AnalysisView, JobSummary, is_object_id};
 use crate::auth::AuthUser;
 use crate::enqueue::{EnqueueRequest, Enqueued, NewRecord};
 use crate::extract::{ApiJson, IdPath};
+use crate::middleware::TimeoutWatch;
 use crate::problem::Problem;
 use crate::state::AppState;
 
@@ -116,6 +118,7 @@ async fn resolve_commit(
 pub async fn create(
     State(state): State<AppState>,
     user: AuthUser,
+    watch: Option<Extension<TimeoutWatch>>,
     ApiJson(body): ApiJson<CreateAnalysis>,
 ) -> Result<Response, Problem> {
     let repo =
@@ -137,11 +140,13 @@ pub async fn create(
         requested_ref: git_ref.map(str::to_owned),
         commit: commit.clone(),
     };
-    match state
-        .enqueuer
-        .submit(EnqueueRequest::new(user.user_id, record))
-        .await
-        .map_err(|e| Problem::internal(&e))??
+    match crate::enqueue::enqueue(
+        &state.enqueuer,
+        EnqueueRequest::new(user.user_id, record),
+        watch.map(|Extension(watch)| watch),
+    )
+    .await
+    .map_err(|e| Problem::internal(&e))??
     {
         Enqueued::Cached(view) => Ok((StatusCode::OK, Json(view)).into_response()),
         Enqueued::Accepted(job) => {

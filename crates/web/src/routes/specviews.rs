@@ -1,6 +1,7 @@
 //! `POST /v1/specviews` (reserve `specview` quota + specview row + job in one transaction) and
 //! `GET /v1/specviews/{id}` (JSON, or Markdown with `Accept: text/markdown`).
 
+use axum::Extension;
 use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -13,6 +14,7 @@ use super::{JobSummary, SPECVIEW_COLUMNS, SpecviewView};
 use crate::auth::AuthUser;
 use crate::enqueue::{EnqueueRequest, Enqueued, NewRecord};
 use crate::extract::{ApiJson, IdPath};
+use crate::middleware::TimeoutWatch;
 use crate::problem::Problem;
 use crate::state::AppState;
 
@@ -48,6 +50,7 @@ pub struct SpecviewAccepted {
 pub async fn create(
     State(state): State<AppState>,
     user: AuthUser,
+    watch: Option<Extension<TimeoutWatch>>,
     ApiJson(body): ApiJson<CreateSpecview>,
 ) -> Result<Response, Problem> {
     let analysis: Option<(String,)> =
@@ -76,11 +79,13 @@ pub async fn create(
         specview_id,
         analysis_id: body.analysis_id,
     };
-    match state
-        .enqueuer
-        .submit(EnqueueRequest::new(user.user_id, record))
-        .await
-        .map_err(|e| Problem::internal(&e))??
+    match crate::enqueue::enqueue(
+        &state.enqueuer,
+        EnqueueRequest::new(user.user_id, record),
+        watch.map(|Extension(watch)| watch),
+    )
+    .await
+    .map_err(|e| Problem::internal(&e))??
     {
         Enqueued::Accepted(job) => {
             let job_id = job.id;
