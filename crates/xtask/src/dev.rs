@@ -2,7 +2,9 @@
 //! PostgreSQL from the installed server binaries (in `.fairlane/`), creates the `fairlane_dev`
 //! database and migrates it; creates one demo user per tier and prints their API keys and a sample
 //! `curl`; starts every Fairlane service; and on Ctrl-C stops them all, then the private
-//! PostgreSQL if this run started it. Without `REDIS_URL` the API uses the in-memory rate limiter.
+//! PostgreSQL if this run started it. A Ctrl-C during those startup steps stops the same way:
+//! the handler is installed first, and the next step does not start. Without `REDIS_URL` the API
+//! uses the in-memory rate limiter.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -27,6 +29,30 @@ const SERVICES: [(&str, u16); 4] = [
 ];
 
 pub(crate) fn run(port: u16) -> anyhow::Result<()> {
+    // First of all: until this handler is in place, a Ctrl-C kills xtask outright, no `Drop`
+    // runs, and a private PostgreSQL this run started (in a session of its own, out of reach
+    // of the terminal's Ctrl-C) would keep running.
+    let stop = StopRequest::install()?;
+    match start_and_run(port, &stop) {
+        Err(e) if e.is::<Interrupted>() => {
+            say("interrupted; everything this run started is stopped");
+            Ok(())
+        }
+        // A step's child process got the terminal's Ctrl-C too, and failed because of it.
+        Err(e) if stop.requested() => {
+            say(format!(
+                "interrupted ({e:#}); everything this run started is stopped"
+            ));
+            Ok(())
+        }
+        other => other,
+    }
+}
+
+/// The startup steps, then the services until a stop is requested or one of them dies. The
+/// stop request is checked between steps; whatever was started is stopped on every way out
+/// (the guards' `Drop`).
+fn start_and_run(port: u16, stop: &StopRequest) -> anyhow::Result<()> {
     let root = workspace_root();
     // Declared before the services, so that on every way out it is dropped after them.
     let mut private_postgres = PrivatePostgres(None);
@@ -35,10 +61,12 @@ pub(crate) fn run(port: u16) -> anyhow::Result<()> {
         Err(_) => {
             let (server, started) = services::start_private_postgres_owned(Durability::Default)?;
             private_postgres.0 = started;
+            stop.check()?;
             create_database(&server, "fairlane_dev")?;
             with_database(&server, "fairlane_dev")
         }
     };
+    stop.check()?;
     let bins: Vec<&str> = SERVICES
         .iter()
         .map(|(b, _)| *b)
@@ -50,6 +78,7 @@ pub(crate) fn run(port: u16) -> anyhow::Result<()> {
         args.extend(["--bin", b]);
     }
     cargo(&root, &args, &[])?;
+    stop.check()?;
     let target = root.join("target").join("debug");
 
     let admin_token = format!("dev-admin-{}", std::process::id());
@@ -75,15 +104,12 @@ pub(crate) fn run(port: u16) -> anyhow::Result<()> {
 
     say("migrating");
     run_tool(&target.join("web"), &["migrate"], &env)?;
-    let keys = demo_keys(&target.join("web"), &env)?;
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&stop);
-    ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
-        .context("installing the Ctrl-C handler")?;
+    stop.check()?;
+    let keys = demo_keys(&target.join("web"), &env, stop)?;
 
     let mut running = Services(Vec::new());
     for (bin, http_port) in SERVICES.iter().filter(|(b, _)| bins.contains(b)) {
+        stop.check()?;
         let mut child_env = env.clone();
         if *http_port != 0 {
             child_env.retain(|(k, _)| k != "HTTP_ADDR");
@@ -96,12 +122,13 @@ pub(crate) fn run(port: u16) -> anyhow::Result<()> {
             .with_context(|| format!("starting {bin}"))?;
         running.0.push(((*bin).to_owned(), child));
     }
-    wait_ready(port, &stop)?;
+    wait_ready(port, stop)?;
+    stop.check()?;
     print_welcome(port, &keys, &admin_token);
 
     // Run until Ctrl-C or until a service dies.
     let mut failed = None;
-    while !stop.load(Ordering::SeqCst) && failed.is_none() {
+    while !stop.requested() && failed.is_none() {
         for (name, child) in &mut running.0 {
             if let Ok(Some(status)) = child.try_wait() {
                 failed = Some(format!("{name} exited ({status})"));
@@ -116,6 +143,45 @@ pub(crate) fn run(port: u16) -> anyhow::Result<()> {
         None => Ok(()),
     }
 }
+
+/// Whether Ctrl-C (SIGINT), SIGTERM or SIGHUP has asked `dev` to stop. The handler only sets
+/// a flag: [`start_and_run`] checks it between its steps and in its main loop.
+struct StopRequest(Arc<AtomicBool>);
+
+impl StopRequest {
+    fn install() -> anyhow::Result<StopRequest> {
+        let flag = Arc::new(AtomicBool::new(false));
+        let set = Arc::clone(&flag);
+        ctrlc::set_handler(move || set.store(true, Ordering::SeqCst))
+            .context("installing the Ctrl-C handler")?;
+        Ok(StopRequest(flag))
+    }
+
+    fn requested(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    /// `Err(Interrupted)` once a stop was requested: the next step must not start.
+    fn check(&self) -> Result<(), Interrupted> {
+        if self.requested() {
+            Err(Interrupted)
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// A stop was requested before `dev` finished starting.
+#[derive(Debug)]
+struct Interrupted;
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("interrupted")
+    }
+}
+
+impl std::error::Error for Interrupted {}
 
 /// The services [`run`] started. Dropping it stops them, so an early error leaves none running.
 struct Services(Vec<(String, Child)>);
@@ -200,9 +266,11 @@ fn run_tool(program: &Path, args: &[&str], env: &[(String, String)]) -> anyhow::
 fn demo_keys(
     web: &Path,
     env: &[(String, String)],
+    stop: &StopRequest,
 ) -> anyhow::Result<Vec<(String, String, String)>> {
     let mut keys = Vec::new();
     for tier in TIERS {
+        stop.check()?;
         let user: serde_json::Value = serde_json::from_str(&run_tool(
             web,
             &[
@@ -230,9 +298,9 @@ fn demo_keys(
     Ok(keys)
 }
 
-fn wait_ready(port: u16, stop: &AtomicBool) -> anyhow::Result<()> {
+fn wait_ready(port: u16, stop: &StopRequest) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !stop.load(Ordering::SeqCst) {
+    while !stop.requested() {
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
             return Ok(());
         }

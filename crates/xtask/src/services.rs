@@ -221,15 +221,21 @@ pub(crate) fn start_private_postgres_owned(
         options.push_str(" -c fsync=off -c synchronous_commit=off -c full_page_writes=off");
     }
     let log = dir.join("server.log").to_string_lossy().into_owned();
-    pg_command(
-        &bindir,
+    let started = StartedPostgres { bindir, data };
+    if let Err(e) = pg_command(
+        &started.bindir,
         "pg_ctl",
         &["-D", &data_str, "-o", &options, "-l", &log, "-w", "start"],
-    )?;
+    ) {
+        // The server runs in a session of its own, so a Ctrl-C that ended `pg_ctl` while it
+        // waited has not reached it: stop it (if it never started, this fails harmlessly).
+        let _ = started.stop();
+        return Err(e);
+    }
     say(format!(
         "private PostgreSQL running at {url} (stop: pg_ctl -D {data_str} stop)"
     ));
-    Ok((url, Some(StartedPostgres { bindir, data })))
+    Ok((url, Some(started)))
 }
 
 fn start_private_redis() -> anyhow::Result<String> {

@@ -1,0 +1,177 @@
+//! `cargo xtask dev` interrupted during its startup steps: a real SIGINT while its (stand-in)
+//! `cargo build` runs must stop it cleanly, without starting the next step. Without the handler
+//! in place by then, xtask dies of the signal and nothing it started (a private PostgreSQL) is
+//! stopped.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::os::unix::process::{CommandExt as _, ExitStatusExt as _};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A fresh folder for one test's stand-in cargo and its marker files.
+fn scratch_dir(label: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("fairlane-xtask-{label}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Writes an executable shell script standing in for cargo (xtask runs `$CARGO`).
+fn fake_cargo(dir: &Path, body: &str) -> PathBuf {
+    let path = dir.join("cargo");
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    let status = Command::new("chmod").arg("+x").arg(&path).status().unwrap();
+    assert!(status.success());
+    path
+}
+
+/// `xtask dev` in a process group of its own (as a shell runs a foreground job), with the
+/// stand-in cargo and a `DATABASE_URL`, so no private PostgreSQL is involved.
+struct Dev {
+    child: Option<Child>,
+}
+
+impl Dev {
+    fn start(cargo: &Path) -> Dev {
+        let child = Command::new(env!("CARGO_BIN_EXE_xtask"))
+            .args(["dev", "--port", "1"])
+            .env("CARGO", cargo)
+            .env(
+                "DATABASE_URL",
+                "postgres://postgres@127.0.0.1:1/never-reached",
+            )
+            .env_remove("REDIS_URL")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        Dev { child: Some(child) }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// Waits (bounded) for the exit and returns the output.
+    fn finish(mut self) -> Output {
+        let mut child = self.child.take().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while child.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                kill_group(child.id(), "KILL");
+                panic!("xtask dev did not stop within 60 s of the SIGINT");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        child.wait_with_output().unwrap()
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            kill_group(child.id(), "KILL");
+            let _ = child.wait();
+        }
+    }
+}
+
+fn kill(target: &str, signal: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{signal}"), "--", target])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{signal} {target}");
+}
+
+fn kill_group(pid: u32, signal: &str) {
+    let _ = Command::new("kill")
+        .args([&format!("-{signal}"), "--", &format!("-{pid}")])
+        .status();
+}
+
+fn wait_for(file: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !file.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared: xtask dev did not reach its build step",
+            file.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn describe(status: ExitStatus, output: &Output) -> String {
+    format!(
+        "status {status:?} (signal {:?})\nstderr:\n{}",
+        status.signal(),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+#[test]
+fn sigint_to_the_whole_group_during_the_build_stops_dev_cleanly() {
+    // What a terminal's Ctrl-C does: SIGINT to xtask and to the build it runs.
+    let dir = scratch_dir("group-sigint");
+    let started = dir.join("build-started");
+    let cargo = fake_cargo(
+        &dir,
+        &format!("touch '{}'\nexec sleep 60", started.display()),
+    );
+    let dev = Dev::start(&cargo);
+    wait_for(&started);
+    kill_group(dev.pid(), "INT");
+    let output = dev.finish();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{}",
+        describe(output.status, &output)
+    );
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    assert!(
+        !stderr.contains("migrating"),
+        "the next step ran:\n{stderr}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn sigint_during_a_step_that_completes_stops_dev_before_the_next_step() {
+    // SIGINT to xtask alone: its build finishes, and the next step (migrating) must not start.
+    let dir = scratch_dir("sigint");
+    let started = dir.join("build-started");
+    let go = dir.join("build-may-finish");
+    let cargo = fake_cargo(
+        &dir,
+        &format!(
+            "touch '{}'\nwhile [ ! -e '{}' ]; do sleep 0.05; done\nexit 0",
+            started.display(),
+            go.display()
+        ),
+    );
+    let dev = Dev::start(&cargo);
+    wait_for(&started);
+    kill(&dev.pid().to_string(), "INT");
+    // Give a handler-less xtask time to die of the signal before the build ends.
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::write(&go, "").unwrap();
+    let output = dev.finish();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{}",
+        describe(output.status, &output)
+    );
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    assert!(
+        !stderr.contains("migrating"),
+        "the next step ran:\n{stderr}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
