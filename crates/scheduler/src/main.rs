@@ -5,7 +5,6 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::Parser;
-use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
 #[command(name = "scheduler", version, about = "Fairlane scheduler")]
@@ -22,8 +21,8 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async {
         let telemetry = telemetry::init(&config.telemetry)?;
-        let shutdown = CancellationToken::new();
-        tokio::spawn(workerkit::cancel_on_signal(shutdown.clone()));
+        let shutdown =
+            workerkit::shutdown_on_signals().context("installing the SIGTERM/SIGINT handlers")?;
         let pool = scheduler::lazy_pool(&config)?;
         let result = scheduler::run(&config, pool, shutdown).await;
         if let Err(e) = tokio::task::spawn_blocking(move || telemetry.shutdown()).await? {

@@ -2,7 +2,8 @@
 //! traces and metrics (pushed over OTLP/HTTP when `OTEL_EXPORTER_OTLP_ENDPOINT` is set), and a
 //! Prometheus text rendering ([`render_prometheus`]) for the binary's own `/metrics` route.
 //! [`current_trace_context`] and [`set_parent_from`] carry a request's trace into the jobs it
-//! enqueues.
+//! enqueues. [`on_shutdown_signal`] is the SIGTERM/SIGINT listener every service binary starts
+//! beside [`init`].
 //!
 //! Library crates do not depend on this one for metrics: they record through the OpenTelemetry
 //! API (`opentelemetry::global::meter("fairlane")`) and `tracing`, and pick up whatever
@@ -13,6 +14,7 @@ mod otlp_transport;
 pub mod prometheus;
 pub mod propagation;
 mod setup;
+pub mod signals;
 #[cfg(feature = "test-receiver")]
 pub mod testing;
 
@@ -26,3 +28,4 @@ pub use propagation::{
     trace_context_of,
 };
 pub use setup::{INSTRUMENTATION_NAME, TelemetryError, TelemetryGuard, init};
+pub use signals::on_shutdown_signal;

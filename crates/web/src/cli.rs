@@ -103,20 +103,13 @@ pub async fn run_migrate(config: &WebConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Cancels the returned token on SIGTERM or SIGINT.
+/// Cancels the returned token on SIGTERM or SIGINT, listening from the moment this returns
+/// (see `telemetry::signals`).
 pub fn shutdown_on_signals() -> anyhow::Result<CancellationToken> {
-    use tokio::signal::unix::{SignalKind, signal};
     let token = CancellationToken::new();
-    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let cancel = token.clone();
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
-        }
-        cancel.cancel();
-    });
+    telemetry::on_shutdown_signal(move || cancel.cancel())
+        .context("installing the SIGTERM/SIGINT handlers")?;
     Ok(token)
 }
 

@@ -176,21 +176,23 @@ pub async fn wait_for_schema(pool: &PgPool, shutdown: &CancellationToken) -> boo
 pub enum ServeError {
     #[error("telemetry: {0}")]
     Telemetry(#[from] telemetry::TelemetryError),
+    #[error("installing the SIGTERM/SIGINT handlers: {0}")]
+    Signals(#[source] std::io::Error),
     #[error(transparent)]
     Worker(#[from] WorkerError),
 }
 
 /// The body of a worker binary's `main` once its configuration is loaded: starts telemetry,
-/// cancels on SIGTERM/SIGINT, builds the lazy pool, runs the service until it drains, then
-/// flushes telemetry (off the async workers: flushing blocks, boundedly).
+/// cancels on SIGTERM/SIGINT (listening before anything else runs), builds the lazy pool, runs
+/// the service until it drains, then flushes telemetry (off the async workers: flushing blocks,
+/// boundedly).
 pub async fn serve<F, Fut>(worker: &WorkerConfig, run: F) -> Result<(), ServeError>
 where
     F: FnOnce(PgPool, CancellationToken) -> Fut,
     Fut: Future<Output = Result<(), WorkerError>>,
 {
     let telemetry = telemetry::init(&worker.telemetry)?;
-    let shutdown = CancellationToken::new();
-    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    let shutdown = shutdown_on_signals().map_err(ServeError::Signals)?;
     let result = match lazy_pool(worker) {
         Ok(pool) => run(pool, shutdown).await,
         Err(e) => Err(e),
@@ -203,19 +205,11 @@ where
     Ok(result?)
 }
 
-/// Cancels `token` on SIGTERM or SIGINT.
-pub async fn cancel_on_signal(token: CancellationToken) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers; stop with SIGKILL");
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: draining"),
-        _ = int.recv() => tracing::info!("SIGINT: draining"),
-    }
-    token.cancel();
+/// A token cancelled on SIGTERM or SIGINT, listening from the moment this returns (see
+/// [`telemetry::signals`]). Must be called inside a Tokio runtime.
+pub fn shutdown_on_signals() -> std::io::Result<CancellationToken> {
+    let shutdown = CancellationToken::new();
+    let cancel = shutdown.clone();
+    telemetry::on_shutdown_signal(move || cancel.cancel())?;
+    Ok(shutdown)
 }
