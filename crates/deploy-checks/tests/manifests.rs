@@ -848,3 +848,85 @@ fn operations_doc_lists_every_variable_of_every_binary() {
         }
     }
 }
+
+/// The name the settings table gives a service binary in its "read by" column.
+fn doc_name(binary: &str) -> &str {
+    binary.strip_suffix("-worker").unwrap_or(binary)
+}
+
+#[test]
+fn operations_doc_says_which_binaries_read_each_variable() {
+    let doc = read("docs/operations.md");
+    let settings = doc
+        .split("\n## Settings\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .expect("docs/operations.md has a Settings section");
+    let binaries = deploy_checks::SERVICE_PACKAGES;
+    let variables: BTreeMap<&str, BTreeSet<String>> = binaries
+        .iter()
+        .map(|b| (*b, env_names(b).unwrap()))
+        .collect();
+    let readers = |matches: &dyn Fn(&str) -> bool| -> BTreeSet<String> {
+        binaries
+            .iter()
+            .filter(|b| variables[**b].iter().any(|v| matches(v)))
+            .map(|b| doc_name(b).to_owned())
+            .collect()
+    };
+    // (the names or `PREFIX_*` patterns of a row, its "read by" binaries)
+    let mut rows: Vec<(Vec<String>, BTreeSet<String>)> = Vec::new();
+    for line in settings.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        let names: Vec<String> = cells[1]
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_owned)
+            .collect();
+        let read_by: BTreeSet<String> = if cells[2] == "all" {
+            binaries.iter().map(|b| doc_name(b).to_owned()).collect()
+        } else {
+            cells[2].split(',').map(|b| b.trim().to_owned()).collect()
+        };
+        rows.push((names, read_by));
+    }
+    assert!(
+        rows.len() > 50,
+        "only {} rows in the Settings table",
+        rows.len()
+    );
+    let exact: BTreeSet<&str> = rows
+        .iter()
+        .flat_map(|(names, _)| names.iter())
+        .filter(|n| !n.ends_with('*'))
+        .map(String::as_str)
+        .collect();
+    let mut wrong = Vec::new();
+    for (names, read_by) in &rows {
+        for name in names {
+            let actual = match name.strip_suffix('*') {
+                // A pattern row stands for the variables no row of their own lists; it may
+                // stand for none of the configuration's (`OTEL_BSP_*`: the SDK reads those).
+                Some(prefix) => {
+                    let actual = readers(&|v| v.starts_with(prefix) && !exact.contains(v));
+                    if actual.is_empty() {
+                        continue;
+                    }
+                    actual
+                }
+                None => readers(&|v| v == name),
+            };
+            if actual != *read_by {
+                wrong.push(format!(
+                    "{name}: documented {read_by:?}, read by {actual:?}"
+                ));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "docs/operations.md, Settings, column \"read by\":\n{}",
+        wrong.join("\n")
+    );
+}
