@@ -55,6 +55,8 @@ impl WorkerConfig {
 }
 
 /// Queue engine tunables exposed as `QUEUE_*` variables (the rest keep the engine's defaults).
+/// The maintenance ones (promote, rescue, clean, retention, lease) are the scheduler's too: any
+/// of these processes may hold the maintenance lease, so they must match across services.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
 pub struct EngineSettings {
@@ -76,6 +78,9 @@ pub struct EngineSettings {
     pub queue_promote_interval: Duration,
     #[serde(with = "humantime_serde")]
     pub queue_leader_ttl: Duration,
+    /// Cleaner period (when this process holds the maintenance lease).
+    #[serde(with = "humantime_serde")]
+    pub queue_clean_interval: Duration,
     #[serde(with = "humantime_serde")]
     pub queue_retention_completed: Duration,
     #[serde(with = "humantime_serde")]
@@ -97,6 +102,7 @@ impl Default for EngineSettings {
             queue_rescue_interval: e.rescue_interval,
             queue_promote_interval: e.promote_interval,
             queue_leader_ttl: e.leader_ttl,
+            queue_clean_interval: e.clean_interval,
             queue_retention_completed: e.retention_completed,
             queue_retention_failed: e.retention_discarded,
             queue_maintenance: e.maintenance,
@@ -116,11 +122,61 @@ impl EngineSettings {
             rescue_interval: self.queue_rescue_interval,
             promote_interval: self.queue_promote_interval,
             leader_ttl: self.queue_leader_ttl,
+            clean_interval: self.queue_clean_interval,
             retention_completed: self.queue_retention_completed,
             retention_cancelled: self.queue_retention_failed,
             retention_discarded: self.queue_retention_failed,
             maintenance: self.queue_maintenance,
             ..EngineConfig::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(env: &[(&str, &str)]) -> WorkerConfig {
+        common::config::load_from(
+            None,
+            env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        )
+        .expect("valid settings")
+    }
+
+    #[test]
+    fn every_queue_maintenance_setting_the_scheduler_reads_reaches_the_engine() {
+        // Workers take part in the same maintenance election as the scheduler, so whichever
+        // wins must run with the same QUEUE_* values.
+        let engine = load(&[
+            ("QUEUE_CLEAN_INTERVAL", "7m"),
+            ("QUEUE_PROMOTE_INTERVAL", "3s"),
+            ("QUEUE_RESCUE_AFTER", "40s"),
+            ("QUEUE_RESCUE_INTERVAL", "9s"),
+            ("QUEUE_LEADER_TTL", "12s"),
+            ("QUEUE_HEARTBEAT_INTERVAL", "4s"),
+            ("QUEUE_RETENTION_COMPLETED", "2days"),
+            ("QUEUE_RETENTION_FAILED", "9days"),
+            ("QUEUE_MAINTENANCE", "false"),
+        ])
+        .engine
+        .to_engine_config();
+        assert_eq!(engine.clean_interval, Duration::from_secs(7 * 60));
+        assert_eq!(engine.promote_interval, Duration::from_secs(3));
+        assert_eq!(engine.rescue_after, Duration::from_secs(40));
+        assert_eq!(engine.rescue_interval, Duration::from_secs(9));
+        assert_eq!(engine.leader_ttl, Duration::from_secs(12));
+        assert_eq!(engine.heartbeat_interval, Duration::from_secs(4));
+        assert_eq!(engine.retention_completed, Duration::from_secs(2 * 86_400));
+        assert_eq!(engine.retention_discarded, Duration::from_secs(9 * 86_400));
+        assert_eq!(engine.retention_cancelled, Duration::from_secs(9 * 86_400));
+        assert!(!engine.maintenance);
+        assert_eq!(
+            WorkerConfig::default()
+                .engine
+                .to_engine_config()
+                .clean_interval,
+            EngineConfig::default().clean_interval
+        );
     }
 }
