@@ -291,6 +291,77 @@ fn every_variable_set_in_the_manifests_is_read_by_the_container_binary() {
     }
 }
 
+/// The crates a `tracing` target can start with: every package of Cargo.lock (the workspace's
+/// and its dependencies'), as Rust spells its name (`analyzer-worker` → `analyzer_worker`).
+fn crate_names() -> BTreeSet<String> {
+    read("Cargo.lock")
+        .lines()
+        .filter_map(|l| l.strip_prefix("name = \""))
+        .map(|n| n.trim_end_matches('"').replace('-', "_"))
+        .collect()
+}
+
+/// The targets an `EnvFilter` directive list names (`info,sqlx=warn,web[span]=debug` → `sqlx`,
+/// `web`): the part before `[` or `=`; a bare word is a level unless it is none.
+fn rust_log_targets(filter: &str) -> Vec<String> {
+    const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+    filter
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .filter_map(|directive| {
+            let target = directive.split(['[', '=']).next().unwrap_or_default();
+            let bare_level = !directive.contains(['[', '='])
+                && LEVELS.contains(&target.to_ascii_lowercase().as_str());
+            (!target.is_empty() && !bare_level).then(|| target.to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn rust_log_filters_name_only_real_crates() {
+    let crates = crate_names();
+    assert!(crates.contains("web") && crates.contains("sqlx"));
+    let mut filters: Vec<(String, String)> = Vec::new();
+    for overlay in OVERLAYS {
+        for object in render(overlay) {
+            if object["kind"] == "ConfigMap"
+                && let Some(filter) = object["data"]["RUST_LOG"].as_str()
+            {
+                let name = object["metadata"]["name"].as_str().unwrap();
+                filters.push((format!("{overlay} ConfigMap {name}"), filter.to_owned()));
+            }
+        }
+    }
+    for (name, service) in compose()["services"].as_mapping().unwrap() {
+        if let Some(filter) = service["environment"]["RUST_LOG"].as_str() {
+            let name = name.as_str().unwrap();
+            filters.push((format!("docker-compose.yml {name}"), filter.to_owned()));
+        }
+    }
+    assert!(filters.len() >= 4, "{filters:?}");
+    let mut unknown = Vec::new();
+    for (place, filter) in &filters {
+        for target in rust_log_targets(filter) {
+            let krate = target.split("::").next().unwrap();
+            if !crates.contains(krate) {
+                unknown.push(format!("{place}: RUST_LOG={filter} names `{target}`"));
+            }
+        }
+    }
+    assert!(
+        unknown.is_empty(),
+        "targets that are no crate (a target is a module path, `web::batch`; a crate's \
+         name with `_` for `-`), so they filter nothing:\n{}",
+        unknown.join("\n")
+    );
+    // Controls for the parser.
+    assert_eq!(
+        rust_log_targets("info, sqlx=warn,web::batch[enqueue]=debug,queue,WARN"),
+        ["sqlx", "web::batch", "queue"]
+    );
+}
+
 /// A duration such as `25s` or `30s` from a ConfigMap, in seconds.
 fn seconds(text: &str) -> u64 {
     text.strip_suffix('s')
