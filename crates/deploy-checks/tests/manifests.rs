@@ -362,6 +362,123 @@ fn rust_log_filters_name_only_real_crates() {
     );
 }
 
+/// The value a container gets for `key`: from `env`, else from a ConfigMap of `envFrom`
+/// (the last source that has it wins, as in Kubernetes).
+fn container_env_value(container: &Value, objects: &[Value], key: &str) -> Option<String> {
+    let from_env = container["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["name"] == key)
+        .and_then(|e| e["value"].as_str());
+    if let Some(value) = from_env {
+        return Some(value.to_owned());
+    }
+    container["envFrom"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .rev()
+        .filter_map(|source| source["configMapRef"]["name"].as_str())
+        .filter_map(|name| {
+            objects
+                .iter()
+                .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == name)
+        })
+        .find_map(|config_map| config_map["data"][key].as_str())
+        .map(str::to_owned)
+}
+
+/// The folder part and the file name of an absolute path.
+fn split_file(path: &str) -> (&str, &str) {
+    assert!(path.starts_with('/'), "{path} is not absolute");
+    path.rsplit_once('/').unwrap()
+}
+
+#[test]
+fn web_reads_its_rate_limit_rules_from_a_mounted_config_map_folder_that_updates_live() {
+    // SPEC §7: rules reload without restart. Kubernetes updates a ConfigMap volume in place
+    // (an atomic swap of its `..data` link), but never a `subPath` mount, and a generated name
+    // with a content hash would roll the Deployment instead.
+    let shipped = read("deploy/ratelimit/rules.yaml");
+    for overlay in OVERLAYS {
+        let objects = render(overlay);
+        let web = objects
+            .iter()
+            .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == "web")
+            .unwrap();
+        let pod = &web["spec"]["template"]["spec"];
+        let container = &pod["containers"][0];
+        let path = container_env_value(container, &objects, "RATELIMIT_RULES")
+            .unwrap_or_else(|| panic!("{overlay} web: no RATELIMIT_RULES (the image's copy)"));
+        let (folder, file) = split_file(&path);
+        let mount = container["volumeMounts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|m| m["mountPath"] == folder)
+            .unwrap_or_else(|| panic!("{overlay} web: nothing mounted at {folder} ({path})"));
+        assert!(
+            mount.get("subPath").is_none() && mount.get("subPathExpr").is_none(),
+            "{overlay} web: a subPath mount of {folder} never sees ConfigMap updates"
+        );
+        let volume = pod["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|v| v["name"] == mount["name"])
+            .unwrap_or_else(|| panic!("{overlay} web: no volume {}", mount["name"]));
+        assert!(
+            volume["configMap"]["items"].is_null(),
+            "{overlay} web: the rules volume remaps keys"
+        );
+        let name = volume["configMap"]["name"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{overlay} web: {folder} is not a ConfigMap volume"));
+        assert_eq!(
+            base_name(name),
+            name,
+            "{overlay}: ConfigMap {name} has a content hash: a rules change would restart web"
+        );
+        let config_map = objects
+            .iter()
+            .find(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("{overlay}: ConfigMap {name} is not rendered"));
+        assert_eq!(
+            config_map["data"][file].as_str(),
+            Some(shipped.as_str()),
+            "{overlay}: ConfigMap {name} key {file} is not deploy/ratelimit/rules.yaml"
+        );
+    }
+
+    // Compose: a bind-mounted folder (a bind-mounted file keeps the replaced inode when an
+    // editor writes a new file and renames it over the old one).
+    let compose = compose();
+    let web = &compose["services"]["web"];
+    let path = web["environment"]["RATELIMIT_RULES"]
+        .as_str()
+        .expect("docker-compose.yml web: no RATELIMIT_RULES (the image's copy)");
+    let (folder, file) = split_file(path);
+    let host = web["volumes"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_str())
+        .find_map(|spec| {
+            let mut parts = spec.split(':');
+            let host = parts.next()?;
+            (parts.next()? == folder).then_some(host)
+        })
+        .unwrap_or_else(|| panic!("docker-compose.yml web: no folder mounted at {folder}"));
+    let host = workspace_root().join(host);
+    assert!(host.is_dir(), "{} is not a folder", host.display());
+    assert_eq!(
+        std::fs::read_to_string(host.join(file)).unwrap(),
+        shipped,
+        "docker-compose.yml web: {path} is not deploy/ratelimit/rules.yaml"
+    );
+}
+
 /// A duration such as `25s` or `30s` from a ConfigMap, in seconds.
 fn seconds(text: &str) -> u64 {
     text.strip_suffix('s')

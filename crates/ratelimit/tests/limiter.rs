@@ -357,6 +357,49 @@ async fn rules_file_changes_apply_without_restart_and_broken_files_are_ignored()
     std::fs::remove_dir_all(dir).expect("cleanup");
 }
 
+/// Publishes `text` as `rules.yaml` in `dir` the way the kubelet updates a ConfigMap volume:
+/// the file is a link through `..data` to a timestamped folder; an update writes a new folder,
+/// points a new `..data` link at it, renames that over the old link (atomic) and removes the
+/// old folder. The file's own path never changes, and its link's mtime neither.
+fn publish_like_a_config_map_volume(dir: &Path, version: u32, text: &str) {
+    let folder = format!("..2024_01_01_00_00_{version:02}.000000000");
+    std::fs::create_dir(dir.join(&folder)).expect("version folder");
+    std::fs::write(dir.join(&folder).join("rules.yaml"), text).expect("write rules");
+    let previous = std::fs::read_link(dir.join("..data")).ok();
+    std::os::unix::fs::symlink(&folder, dir.join("..data_tmp")).expect("..data_tmp link");
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).expect("swap ..data");
+    if let Some(previous) = previous {
+        std::fs::remove_dir_all(dir.join(previous)).expect("remove the old version");
+    }
+    let file = dir.join("rules.yaml");
+    if std::fs::symlink_metadata(&file).is_err() {
+        std::os::unix::fs::symlink("..data/rules.yaml", &file).expect("rules.yaml link");
+    }
+}
+
+#[tokio::test]
+async fn rules_in_a_config_map_volume_reload_when_the_kubelet_swaps_its_data_link() {
+    let dir = temp_dir("configmap");
+    publish_like_a_config_map_volume(&dir, 1, &rules_with_limit(2));
+    let config = LimiterConfig {
+        reload_interval: Some(Duration::from_millis(50)),
+        ..LimiterConfig::default()
+    };
+    let limiter = Limiter::from_rules_file(dir.join("rules.yaml"), memory_backend(), config)
+        .expect("valid file");
+    assert_eq!(allowed_count(&limiter, "c1", 5).await, 2);
+
+    publish_like_a_config_map_volume(&dir, 2, &rules_with_limit(4));
+    wait_until("the reload", || limiter.stats().reloads == 1).await;
+    assert_eq!(allowed_count(&limiter, "c2", 6).await, 4);
+
+    publish_like_a_config_map_volume(&dir, 3, &rules_with_limit(1));
+    wait_until("the second reload", || limiter.stats().reloads == 2).await;
+    assert_eq!(allowed_count(&limiter, "c3", 3).await, 1);
+    assert_eq!(limiter.stats().reload_failures, 0);
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}
+
 #[tokio::test]
 async fn reload_now_reports_what_it_did() {
     let dir = temp_dir("reload-now");
