@@ -291,6 +291,27 @@ fn every_variable_set_in_the_manifests_is_read_by_the_container_binary() {
     }
 }
 
+#[test]
+fn operations_doc_deletes_each_job_before_applying_a_release() {
+    // A Job's pod template is immutable: applying a new image over a Job that still exists
+    // (ttlSecondsAfterFinished keeps it for its logs) fails, so the deploy steps delete it.
+    let doc = read("docs/operations.md");
+    for overlay in OVERLAYS {
+        let objects = render(overlay);
+        let jobs: Vec<&Value> = objects.iter().filter(|o| o["kind"] == "Job").collect();
+        assert!(!jobs.is_empty(), "{overlay}: no migration Job");
+        for job in jobs {
+            let name = job["metadata"]["name"].as_str().unwrap();
+            let namespace = job["metadata"]["namespace"].as_str().unwrap();
+            let step = format!("kubectl -n {namespace} delete job {name} --ignore-not-found");
+            assert!(
+                doc.contains(&step),
+                "docs/operations.md does not say to run `{step}` before applying {overlay}"
+            );
+        }
+    }
+}
+
 /// The crates a `tracing` target can start with: every package of Cargo.lock (the workspace's
 /// and its dependencies'), as Rust spells its name (`analyzer-worker` → `analyzer_worker`).
 fn crate_names() -> BTreeSet<String> {
