@@ -22,6 +22,7 @@
 
 use std::sync::Arc;
 
+use axum::Extension;
 use chrono::Utc;
 use common::{AnalysisArgs, Service, SpecviewArgs, Tier};
 use inventory::RepoUrl;
@@ -147,21 +148,22 @@ pub type Enqueuer = Batcher<EnqueueRunner>;
 
 /// Submits `request` and waits for its outcome. If the caller stops waiting (the request timeout
 /// drops this future), the request is left out of its batch, unless the batch has already
-/// claimed it for commit ([`CommitClaim`]): then `watch` learns that the outcome is unknown, and
-/// the timeout's answer says so instead of "nothing was changed".
+/// claimed it for commit ([`CommitClaim`]): then `watch` (the request's, from the timeout layer)
+/// learns that the outcome is unknown, and the timeout's answer says so instead of "nothing was
+/// changed".
 pub async fn enqueue(
     enqueuer: &Enqueuer,
     request: EnqueueRequest,
-    watch: Option<TimeoutWatch>,
-) -> Result<Outcome, BatchFailed> {
+    watch: Option<Extension<TimeoutWatch>>,
+) -> Outcome {
     let mut giving_up = GivingUp {
         claim: Arc::clone(&request.claim),
-        watch,
+        watch: watch.map(|Extension(watch)| watch),
         answered: false,
     };
     let outcome = enqueuer.submit(request).await;
     giving_up.answered = true;
-    outcome
+    outcome.map_err(|e: BatchFailed| Problem::internal(&e))?
 }
 
 /// Gives the request up when dropped before its answer came.

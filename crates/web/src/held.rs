@@ -184,15 +184,17 @@ pub(crate) mod tests {
         assert_eq!(ok, 1);
     }
 
+    /// The error of a statement PostgreSQL refuses (the connection stays fine).
+    async fn division_by_zero(conn: &mut PgConnection) -> sqlx::Error {
+        sqlx::query("SELECT 1 / 0").execute(conn).await.unwrap_err()
+    }
+
     #[tokio::test]
     async fn only_a_kept_connection_that_died_may_be_retried_on_a_fresh_one() {
         let db = testkit::TestDb::new().await;
         let held = HeldConnections::new(db.pool.clone());
         let mut fresh = held.take().await.unwrap();
-        let refused = sqlx::query("SELECT 1 / 0")
-            .execute(&mut *fresh)
-            .await
-            .unwrap_err();
+        let refused = division_by_zero(&mut fresh).await;
         assert!(!fresh.may_retry_after(&refused), "a fresh connection");
         assert!(
             !fresh.may_retry_after(&sqlx::Error::PoolClosed),
@@ -202,10 +204,7 @@ pub(crate) mod tests {
         held.keep(fresh);
 
         let mut kept = held.take().await.unwrap();
-        let refused = sqlx::query("SELECT 1 / 0")
-            .execute(&mut *kept)
-            .await
-            .unwrap_err();
+        let refused = division_by_zero(&mut kept).await;
         assert!(!kept.may_retry_after(&refused), "the statement failed");
         let (terminated,): (bool,) = sqlx::query_as("SELECT pg_terminate_backend($1, 10000)")
             .bind(pid)

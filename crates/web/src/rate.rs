@@ -158,6 +158,17 @@ mod tests {
     use super::*;
     use crate::auth::AuthUser;
 
+    /// A limiter of `rules` (Fairlane YAML) over the in-memory backend, without reloads.
+    fn memory_limiter(rules: &str) -> Limiter {
+        let rules = ratelimit::RuleSet::parse_fairlane(rules, "test.yaml").unwrap();
+        let backend = Arc::new(MemoryBackend::with_system_clock(&MemoryConfig::default()));
+        let config = LimiterConfig {
+            reload_interval: None,
+            ..LimiterConfig::default()
+        };
+        Limiter::new(rules, backend, config)
+    }
+
     #[test]
     fn descriptors_of_users_and_anonymous_callers() {
         let user = Identity::User(AuthUser {
@@ -188,21 +199,13 @@ mod tests {
 
     #[tokio::test]
     async fn the_429_of_a_blocked_address_carries_every_limit_header() {
-        let rules = ratelimit::RuleSet::parse_fairlane(
+        let limiter = memory_limiter(
             "domain: web\n\
              descriptors:\n\
              \x20 - key: remote_address\n\
              \x20   value: 198.51.100.7\n\
              \x20   rate_limit: {unit: hour, requests_per_unit: 0}\n",
-            "test.yaml",
-        )
-        .unwrap();
-        let backend = Arc::new(MemoryBackend::with_system_clock(&MemoryConfig::default()));
-        let config = LimiterConfig {
-            reload_interval: None,
-            ..LimiterConfig::default()
-        };
-        let limiter = Limiter::new(rules, backend, config);
+        );
         let addr: SocketAddr = "198.51.100.7:4567".parse().unwrap();
         let outcome = limiter
             .check(&describe(None, Some(addr), "/v1/usage", "GET"))
@@ -228,7 +231,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_shadow_rule_over_its_limit_leaves_the_headers_of_an_allowed_request_alone() {
-        let rules = ratelimit::RuleSet::parse_fairlane(
+        let limiter = memory_limiter(
             "domain: web\n\
              descriptors:\n\
              \x20 - key: route\n\
@@ -236,15 +239,7 @@ mod tests {
              \x20 - key: remote_address\n\
              \x20   rate_limit: {unit: minute, requests_per_unit: 1}\n\
              \x20   shadow_mode: true\n",
-            "test.yaml",
-        )
-        .unwrap();
-        let backend = Arc::new(MemoryBackend::with_system_clock(&MemoryConfig::default()));
-        let config = LimiterConfig {
-            reload_interval: None,
-            ..LimiterConfig::default()
-        };
-        let limiter = Limiter::new(rules, backend, config);
+        );
         let addr: SocketAddr = "192.0.2.9:4567".parse().unwrap();
         let request = describe(None, Some(addr), "/v1/usage", "GET");
         limiter.check(&request).await;

@@ -114,6 +114,21 @@ fn describe(status: ExitStatus, output: &Output) -> String {
     )
 }
 
+/// `xtask dev` said it was interrupted, exited 0, and never started migrating.
+fn assert_stopped_before_migrating(output: &Output) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{}",
+        describe(output.status, output)
+    );
+    assert!(stderr.contains("interrupted"), "{stderr}");
+    assert!(
+        !stderr.contains("migrating"),
+        "the next step ran:\n{stderr}"
+    );
+}
+
 #[test]
 fn sigint_to_the_whole_group_during_the_build_stops_dev_cleanly() {
     // What a terminal's Ctrl-C does: SIGINT to xtask and to the build it runs.
@@ -126,18 +141,7 @@ fn sigint_to_the_whole_group_during_the_build_stops_dev_cleanly() {
     let dev = Dev::start(&cargo);
     wait_for(&started);
     kill_group(dev.pid(), "INT");
-    let output = dev.finish();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "{}",
-        describe(output.status, &output)
-    );
-    assert!(stderr.contains("interrupted"), "{stderr}");
-    assert!(
-        !stderr.contains("migrating"),
-        "the next step ran:\n{stderr}"
-    );
+    assert_stopped_before_migrating(&dev.finish());
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -161,17 +165,6 @@ fn sigint_during_a_step_that_completes_stops_dev_before_the_next_step() {
     // Give a handler-less xtask time to die of the signal before the build ends.
     std::thread::sleep(Duration::from_millis(300));
     std::fs::write(&go, "").unwrap();
-    let output = dev.finish();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "{}",
-        describe(output.status, &output)
-    );
-    assert!(stderr.contains("interrupted"), "{stderr}");
-    assert!(
-        !stderr.contains("migrating"),
-        "the next step ran:\n{stderr}"
-    );
+    assert_stopped_before_migrating(&dev.finish());
     std::fs::remove_dir_all(dir).unwrap();
 }

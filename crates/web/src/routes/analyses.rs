@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use super::{ANALYSIS_COLUMNS, AnalysisView, JobSummary, is_object_id};
 use crate::auth::AuthUser;
-use crate::enqueue::{EnqueueRequest, Enqueued, NewRecord};
+use crate::enqueue::{EnqueueRequest, Enqueued, NewRecord, enqueue};
 use crate::extract::{ApiJson, IdPath};
 use crate::middleware::TimeoutWatch;
 use crate::problem::Problem;
@@ -140,13 +140,12 @@ pub async fn create(
         requested_ref: git_ref.map(str::to_owned),
         commit: commit.clone(),
     };
-    match crate::enqueue::enqueue(
+    match enqueue(
         &state.enqueuer,
         EnqueueRequest::new(user.user_id, record),
-        watch.map(|Extension(watch)| watch),
+        watch,
     )
-    .await
-    .map_err(|e| Problem::internal(&e))??
+    .await?
     {
         Enqueued::Cached(view) => Ok((StatusCode::OK, Json(view)).into_response()),
         Enqueued::Accepted(job) => {

@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use super::{JobSummary, SPECVIEW_COLUMNS, SpecviewView};
 use crate::auth::AuthUser;
-use crate::enqueue::{EnqueueRequest, Enqueued, NewRecord};
+use crate::enqueue::{EnqueueRequest, Enqueued, NewRecord, enqueue};
 use crate::extract::{ApiJson, IdPath};
 use crate::middleware::TimeoutWatch;
 use crate::problem::Problem;
@@ -79,13 +79,12 @@ pub async fn create(
         specview_id,
         analysis_id: body.analysis_id,
     };
-    match crate::enqueue::enqueue(
+    match enqueue(
         &state.enqueuer,
         EnqueueRequest::new(user.user_id, record),
-        watch.map(|Extension(watch)| watch),
+        watch,
     )
-    .await
-    .map_err(|e| Problem::internal(&e))??
+    .await?
     {
         Enqueued::Accepted(job) => {
             let job_id = job.id;
