@@ -83,7 +83,26 @@ impl Default for WebConfig {
     }
 }
 
+/// The shortest `ADMIN_TOKEN` accepted: the admin API is not rate limited, so its token must be
+/// too long to guess.
+pub const ADMIN_TOKEN_MIN_CHARS: usize = 16;
+
 impl WebConfig {
+    /// Checks what loading cannot: an `ADMIN_TOKEN`, when set, is at least
+    /// [`ADMIN_TOKEN_MIN_CHARS`] characters. (An empty one is unset: the admin API is off.)
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(token) = &self.admin_token
+            && token.chars().count() < ADMIN_TOKEN_MIN_CHARS
+        {
+            return Err(format!(
+                "ADMIN_TOKEN must be at least {ADMIN_TOKEN_MIN_CHARS} characters (it has {}); \
+                 generate one with `openssl rand -hex 32`, or unset it to disable the admin API",
+                token.chars().count()
+            ));
+        }
+        Ok(())
+    }
+
     /// Loads defaults, then `file` (if given), then the environment.
     pub fn load(file: Option<&Path>) -> Result<WebConfig, Box<common::config::ConfigError>> {
         Self::load_from(file, std::env::vars().collect())
@@ -129,7 +148,7 @@ mod tests {
             env(&[
                 ("DATABASE_URL", "postgres://db/x"),
                 ("HTTP_ADDR", "127.0.0.1:9000"),
-                ("ADMIN_TOKEN", "0123456789"),
+                ("ADMIN_TOKEN", "0123456789abcdef"),
                 ("REDIS_URL", "redis://127.0.0.1:6379"),
                 ("RATELIMIT_RULES", "/etc/rules.yaml"),
                 ("ANALYZER_ALLOW_FILE_URLS", "true"),
@@ -143,7 +162,7 @@ mod tests {
         .unwrap();
         assert_eq!(c.database_url, "postgres://db/x");
         assert_eq!(c.http_addr, "127.0.0.1:9000");
-        assert_eq!(c.admin_token.as_deref(), Some("0123456789"));
+        assert_eq!(c.admin_token.as_deref(), Some("0123456789abcdef"));
         assert_eq!(c.redis_url.as_deref(), Some("redis://127.0.0.1:6379"));
         assert_eq!(c.ratelimit_rules, "/etc/rules.yaml");
         assert!(c.analyzer_allow_file_urls);
@@ -152,5 +171,22 @@ mod tests {
         assert_eq!(c.quota.quota_analysis_enterprise_limit, 7);
         assert_eq!(c.quota.quota_reservation_ttl, Duration::from_secs(7200));
         assert_eq!(c.telemetry.rust_log, "debug");
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn a_short_admin_token_is_refused_and_an_empty_one_turns_the_admin_api_off() {
+        let c = WebConfig::load_from(None, env(&[("ADMIN_TOKEN", "0123456789abcde")])).unwrap();
+        let e = c.validate().unwrap_err();
+        assert!(
+            e.starts_with("ADMIN_TOKEN must be at least 16 characters (it has 15)"),
+            "{e}"
+        );
+        let c = WebConfig::load_from(None, env(&[("ADMIN_TOKEN", "")])).unwrap();
+        assert_eq!(c.admin_token, None);
+        c.validate().unwrap();
+        let c = WebConfig::load_from(None, env(&[("ADMIN_TOKEN", "0123456789abcdef")])).unwrap();
+        c.validate().unwrap();
+        WebConfig::default().validate().unwrap();
     }
 }

@@ -104,6 +104,7 @@ pub fn build_state(
     pool: PgPool,
     batch_thread: &batch::BatchThread,
 ) -> anyhow::Result<AppState> {
+    config.validate().map_err(anyhow::Error::msg)?;
     let quota = quota::Quota::new(config.quota.clone()).context("quota configuration")?;
     let limiter = if config.ratelimit_enabled {
         Some(

@@ -81,7 +81,7 @@ fn start_and_run(port: u16, stop: &StopRequest) -> anyhow::Result<()> {
     stop.check()?;
     let target = root.join("target").join("debug");
 
-    let admin_token = format!("dev-admin-{}", std::process::id());
+    let admin_token = dev_admin_token()?;
     let mut env: Vec<(String, String)> = vec![
         ("DATABASE_URL".into(), database_url),
         ("ADMIN_TOKEN".into(), admin_token.clone()),
@@ -310,6 +310,18 @@ fn wait_ready(port: u16, stop: &StopRequest) -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(200));
     }
     Ok(())
+}
+
+/// A fresh admin token for this run: `dev-admin-` and 32 hex digits from the kernel's random
+/// source (web refuses tokens under 16 characters).
+fn dev_admin_token() -> anyhow::Result<String> {
+    use std::io::Read as _;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut random| random.read_exact(&mut bytes))
+        .context("reading /dev/urandom for the admin token")?;
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    Ok(format!("dev-admin-{hex}"))
 }
 
 #[allow(clippy::print_stdout)]
