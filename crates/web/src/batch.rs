@@ -245,6 +245,8 @@ mod tests {
         sizes: std::sync::Mutex<Vec<usize>>,
         running: AtomicUsize,
         most_running: AtomicUsize,
+        /// Notified as each batch starts.
+        started: tokio::sync::Notify,
     }
 
     impl BatchRun for Arc<Doubler> {
@@ -257,6 +259,7 @@ mod tests {
             let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
             self.most_running.fetch_max(now, Ordering::SeqCst);
             self.sizes.lock().unwrap().push(batch.len());
+            self.started.notify_one();
             tokio::time::sleep(Duration::from_millis(20)).await;
             self.running.fetch_sub(1, Ordering::SeqCst);
             assert!(!batch.iter().any(|p| p.item == 13), "unlucky");
@@ -319,7 +322,7 @@ mod tests {
             let b = batcher.clone();
             tokio::spawn(async move { b.submit(1).await })
         };
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        doubler.started.notified().await;
         // Queued behind the running batch, then given up on.
         let gave_up = tokio::time::timeout(Duration::from_millis(1), batcher.submit(2)).await;
         assert!(gave_up.is_err());

@@ -69,16 +69,23 @@ async fn sigterm_finishes_the_request_in_flight_and_exits_zero() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     child.signal(nix::sys::signal::Signal::SIGTERM);
+    // New connections stop being accepted, while web waits for the request in flight.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while http
+        .try_send(Method::GET, "/healthz", &[], None)
+        .await
+        .is_ok()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "web still accepts connections 10 s after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         child.is_running(),
         "web must wait for the request in flight"
-    );
-    // New connections are no longer accepted.
-    assert!(
-        http.try_send(Method::GET, "/healthz", &[], None)
-            .await
-            .is_err()
     );
     blocker.rollback().await.unwrap();
     let response = request.await.unwrap();

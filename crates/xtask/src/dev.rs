@@ -38,8 +38,9 @@ pub(crate) fn run(port: u16) -> anyhow::Result<()> {
             say("interrupted; everything this run started is stopped");
             Ok(())
         }
-        // A step's child process got the terminal's Ctrl-C too, and failed because of it.
-        Err(e) if stop.requested() => {
+        // A step's child process got the terminal's Ctrl-C too, and failed because of it. The
+        // handler's thread sets the flag; it may run a moment after the child's exit is seen.
+        Err(e) if stop.requested_within(Duration::from_secs(1)) => {
             say(format!(
                 "interrupted ({e:#}); everything this run started is stopped"
             ));
@@ -159,6 +160,18 @@ impl StopRequest {
 
     fn requested(&self) -> bool {
         self.0.load(Ordering::SeqCst)
+    }
+
+    /// Whether a stop is requested now or within `grace`.
+    fn requested_within(&self, grace: Duration) -> bool {
+        let deadline = Instant::now() + grace;
+        while !self.requested() {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        true
     }
 
     /// `Err(Interrupted)` once a stop was requested: the next step must not start.

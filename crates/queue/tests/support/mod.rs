@@ -100,6 +100,27 @@ where
     }
 }
 
+/// Waits until a session of the test database is listening for notifications (the engine's
+/// notifier), so that a wake-up sent from now on reaches it; then lets the producers go idle.
+pub async fn wait_for_listener(pool: &sqlx::PgPool) {
+    eventually(
+        Duration::from_secs(20),
+        "the engine's LISTEN session",
+        || async {
+            let listening: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+             WHERE datname = current_database() AND query ILIKE 'LISTEN%'",
+            )
+            .fetch_one(pool)
+            .await
+            .unwrap();
+            (listening > 0).then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+}
+
 pub async fn count_in_state(pool: &sqlx::PgPool, state: &str) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM fairlane_job WHERE state::text = $1")
         .bind(state)
