@@ -3,7 +3,7 @@
 //! the name is a literal), and benchmarks, fuzz targets and examples reported apart.
 
 use super::lexer::{Lang, Tok, Token, lex};
-use super::{Found, matching};
+use super::{Found, between, matching};
 use crate::model::{Framework, Modifier, OtherFunction, OtherKind, TestCase};
 
 /// Whether `name` is `prefix` followed by nothing or by a character that is not lowercase, the
@@ -78,7 +78,7 @@ fn function(toks: &[Token<'_>], at: usize, found: &mut Found) -> Option<usize> {
     let mut receiver: Option<String> = None;
     if toks.get(j)?.is_punct(b'(') {
         let close = matching(toks, j);
-        receiver = toks[j + 1..close]
+        receiver = between(toks, j, close)
             .iter()
             .rev()
             .find(|t| t.kind == Tok::Ident)
@@ -91,7 +91,7 @@ fn function(toks: &[Token<'_>], at: usize, found: &mut Found) -> Option<usize> {
         return None;
     }
     let close_params = matching(toks, open_params);
-    let params = &toks[open_params + 1..close_params.min(toks.len())];
+    let params = between(toks, open_params, close_params);
     let body_open = (close_params..toks.len()).find(|&k| toks[k].is_punct(b'{'))?;
     let body_close = matching(toks, body_open);
 
@@ -173,7 +173,7 @@ fn subtests(
                 && toks.get(open + 4).is_some_and(|t| t.is_punct(b'('))
             {
                 let pclose = matching(toks, open + 4);
-                if let Some(child_var) = testing_param(&toks[open + 5..pclose.min(toks.len())], "T")
+                if let Some(child_var) = testing_param(between(toks, open + 4, pclose), "T")
                     && toks.get(pclose + 1).is_some_and(|t| t.is_punct(b'{'))
                 {
                     let body_open = pclose + 1;

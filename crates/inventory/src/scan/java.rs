@@ -3,7 +3,7 @@
 //! too) as suite, `@Disabled`/`@Ignore` (on the method or a class) as skip and `@DisplayName`.
 
 use super::lexer::{Lang, Tok, Token, dotted_name, dotted_span, lex};
-use super::{Found, matching};
+use super::{Found, between, matching};
 use crate::model::{Framework, Modifier, TestCase};
 
 const TEST_ANNOTATIONS: [&str; 5] = [
@@ -89,7 +89,7 @@ pub(crate) fn scan(src: &str) -> Found {
                 let mut text = None;
                 if toks.get(next).is_some_and(|n| n.is_punct(b'(')) {
                     let close = matching(&toks, next);
-                    text = toks[next + 1..close.min(toks.len())]
+                    text = between(&toks, next, close)
                         .iter()
                         .find_map(|a| a.str_value().map(str::to_string));
                     next = close + 1;

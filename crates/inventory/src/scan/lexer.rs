@@ -168,7 +168,13 @@ impl<'s> Lexer<'s> {
                 b'\'' => self.single_quote(self.i, self.i),
                 b'`' if self.lang == Lang::Go => {
                     let end = self.find_byte(self.i + 1, b'`');
-                    let value = self.src[self.i + 1..end.saturating_sub(1).max(self.i + 1)].into();
+                    // Without its closing backtick (the file ends inside it) the rest is the value.
+                    let inner_end = if self.b.get(end - 1) == Some(&b'`') && end - 1 > self.i {
+                        end - 1
+                    } else {
+                        end
+                    };
+                    let value = self.src.get(self.i + 1..inner_end).unwrap_or("").into();
                     self.emit(Tok::Str(value), self.i, end);
                 }
                 b'`' if self.lang == Lang::Js => {

@@ -90,8 +90,14 @@ pub(crate) struct Found {
     pub(crate) other: Vec<OtherFunction>,
 }
 
+/// The tokens strictly between the bracket at `open` and its match `close` from [`matching`]:
+/// none when the source ends at an unclosed bracket (then `close` is `open` itself).
+pub(crate) fn between<'s, 't>(toks: &'s [Token<'t>], open: usize, close: usize) -> &'s [Token<'t>] {
+    toks.get(open + 1..close).unwrap_or(&[])
+}
+
 /// The index of the bracket closing the one at `open` (same kind), or the last index if the
-/// source is unbalanced.
+/// source is unbalanced (`open` itself when it is the last token: slice with [`between`]).
 pub(crate) fn matching(toks: &[Token<'_>], open: usize) -> usize {
     let (o, c) = match toks.get(open).map(|t| &t.kind) {
         Some(Tok::Punct(b'(')) => (b'(', b')'),
@@ -284,7 +290,14 @@ impl Walker<'_> {
         } else {
             Framework::Jest
         };
-        self.files.extend(scan_source(rel, kind, &source, fallback));
+        // A scanner bug on one odd file must not fail the whole analysis (and its retries).
+        match std::panic::catch_unwind(|| scan_source(rel, kind, &source, fallback)) {
+            Ok(found) => self.files.extend(found),
+            Err(_) => {
+                self.stats.files_unscannable += 1;
+                tracing::error!(path = rel, "a scanner failed on this file; it is left out");
+            }
+        }
         Ok(())
     }
 

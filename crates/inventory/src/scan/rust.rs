@@ -2,7 +2,7 @@
 //! `#[rstest]`, `#[test_case(..)]`, any `#[…::test]`), with their enclosing modules as suite.
 
 use super::lexer::{Lang, Tok, Token, lex};
-use super::{Found, matching};
+use super::{Found, between, matching};
 use crate::model::{Framework, Modifier, TestCase};
 
 /// Attribute paths that make a function a test (besides any path ending in `::test`).
@@ -49,7 +49,7 @@ pub(crate) fn scan(src: &str) -> Found {
                 if toks.get(open).is_some_and(|o| o.is_punct(b'[')) {
                     let close = matching(&toks, open);
                     if !inner {
-                        attributes.push(attribute_path(&toks[open + 1..close]));
+                        attributes.push(attribute_path(between(&toks, open, close)));
                     }
                     i = close + 1;
                     continue;

@@ -2,6 +2,7 @@
 //! non-test files is analysed, and the exact inventory is asserted.
 
 use inventory::model::{Framework, Inventory};
+use inventory::scan::{SourceKind, scan_source};
 use inventory::{Modifier, analyze};
 
 use crate::support::{GitFixture, TempDir, leftovers, limits, policy};
@@ -424,4 +425,67 @@ async fn file_urls_are_refused_unless_allowed() {
         "{err}"
     );
     assert!(err.is_permanent());
+}
+
+/// Non-ASCII text in the places a scanner slices: strings, raw strings, templates, names.
+const UNICODE_EDGES: [(SourceKind, &str); 5] = [
+    (
+        SourceKind::Go,
+        "package p\nfunc TestÉté(t *testing.T) {\n\tt.Run(`sous-test é`, func(t *testing.T) {})\n}\n",
+    ),
+    (
+        SourceKind::JavaScript,
+        "describe(`suite ü ${x}`, () => {\n  it.each<Case>([[1]])('cas %i ø', (n) => {});\n});\n",
+    ),
+    (
+        SourceKind::Python,
+        "import pytest\n@pytest.mark.parametrize('x', ['é'])\ndef test_ünï(x):\n    \"\"\"dóc\"\"\"\n",
+    ),
+    (
+        SourceKind::Rust,
+        "#[cfg(test)]\nmod tësts {\n    #[test]\n    fn ß() { let s = r#\"é\"#; }\n}\n",
+    ),
+    (
+        SourceKind::Java,
+        "import static org.junit.Assert.*;\nclass T {\n  @DisplayName(\"é\")\n  @Test void ü() {}\n}\n",
+    ),
+];
+
+/// A file may end anywhere (a truncated or malformed source): every prefix of every fixture
+/// source, cut after each character, is scanned without a panic.
+#[test]
+fn every_prefix_of_every_fixture_source_scans_without_panicking() {
+    let fixtures = [
+        (SourceKind::Rust, RUST_LIB),
+        (SourceKind::Rust, RUST_NOTES),
+        (SourceKind::Rust, RUST_INTEGRATION),
+        (SourceKind::Go, GO_NOT_TEST_FILE),
+        (SourceKind::Go, GO_TEST),
+        (SourceKind::Go, GO_TESTDATA),
+        (SourceKind::Python, PY_HELPERS),
+        (SourceKind::Python, PY_LOGIN),
+        (SourceKind::Python, PY_MODELS),
+        (SourceKind::JavaScript, TS_LOGIN),
+        (SourceKind::JavaScript, JS_API),
+        (SourceKind::JavaScript, JS_NOT_A_TEST),
+        (SourceKind::Java, JAVA_JUNIT5),
+        (SourceKind::Java, JAVA_JUNIT4),
+        (SourceKind::Java, JAVA_MAIN),
+    ];
+    let mut failures = Vec::new();
+    for (kind, source) in fixtures.into_iter().chain(UNICODE_EDGES) {
+        let cuts = source.char_indices().map(|(i, _)| i).chain([source.len()]);
+        for cut in cuts {
+            let prefix = &source[..cut];
+            let scanned =
+                std::panic::catch_unwind(|| scan_source("t", kind, prefix, Framework::Jest));
+            if scanned.is_err() {
+                let last_line = prefix.lines().last().unwrap_or_default();
+                failures.push(format!(
+                    "{kind:?} cut after {cut} bytes, ending {last_line:?}"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
 }
