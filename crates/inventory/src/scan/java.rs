@@ -44,12 +44,19 @@ fn detect_framework(toks: &[Token<'_>]) -> Framework {
     let mut junit4 = false;
     let mut testng = false;
     for (k, t) in toks.iter().enumerate() {
-        let qualified = if t.is_ident("import") || t.is_punct(b'@') {
+        let qualified = if t.is_ident("import") {
+            // `import static org.junit.Assert.assertEquals;` names the class after `static`.
+            let from = if toks.get(k + 1).is_some_and(|n| n.is_ident("static")) {
+                k + 2
+            } else {
+                k + 1
+            };
+            dotted_name(toks.get(from..).unwrap_or(&[]))
+        } else if t.is_punct(b'@') {
             dotted_name(&toks[k + 1..])
         } else {
             String::new()
         };
-        let qualified = qualified.trim_start_matches("static.");
         if qualified.starts_with("org.junit.jupiter") {
             return Framework::Junit5;
         } else if qualified.starts_with("org.testng") {
@@ -287,5 +294,10 @@ class UserServiceTest {
         assert_eq!(j4.tests[1].1.modifier, Modifier::Skip);
         let ng = scan("import org.testng.annotations.Test;\nclass B { @Test void c() {} }");
         assert_eq!(ng.tests[0].0, Framework::Testng);
+        // A static import alone says JUnit 4 too.
+        let static_only = scan(
+            "import static org.junit.Assert.assertEquals;\nclass C { @Test public void d() {} }",
+        );
+        assert_eq!(static_only.tests[0].0, Framework::Junit4);
     }
 }

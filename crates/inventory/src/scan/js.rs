@@ -168,6 +168,10 @@ fn parse_call(toks: &[Token<'_>], i: usize) -> Option<Call> {
         members.push(member.text);
         j += 2;
         if CALLED_MEMBERS.contains(&member.text) {
+            // TypeScript type arguments first: `.each<Case>([…])`.
+            if toks.get(j).is_some_and(|t| t.is_punct(b'<')) {
+                j = type_arguments_end(toks, j)? + 1;
+            }
             match toks.get(j) {
                 Some(t) if t.is_punct(b'(') => j = matching(toks, j) + 1,
                 Some(t) if matches!(t.kind, Tok::Str(_)) => j += 1,
@@ -228,6 +232,26 @@ fn parse_call(toks: &[Token<'_>], i: usize) -> Option<Call> {
 }
 
 /// The text of tokens `from..to`, joined with single spaces where the source had whitespace.
+/// The index of the `>` closing the type argument list opened by the `<` at `open`, if it closes
+/// within a few dozen tokens and before any parenthesis (the call's arguments).
+fn type_arguments_end(toks: &[Token<'_>], open: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    for (k, t) in toks.iter().enumerate().skip(open).take(64) {
+        match t.kind {
+            Tok::Punct(b'<') => depth += 1,
+            Tok::Punct(b'>') => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(k);
+                }
+            }
+            Tok::Punct(b'(' | b')') => return None,
+            _ => {}
+        }
+    }
+    None
+}
+
 fn source_span(toks: &[Token<'_>], from: usize, to: usize) -> String {
     let mut out = String::new();
     for (k, t) in toks[from..to].iter().enumerate() {
@@ -252,6 +276,33 @@ mod tests {
             .into_iter()
             .map(|(_, t)| (t.suite.join(" > "), t.name, t.modifier, t.parameterized))
             .collect()
+    }
+
+    #[test]
+    fn typescript_type_arguments_on_each_are_read_past() {
+        let src = r#"
+describe.each<{ name: string; n: number }>([{ name: 'a', n: 1 }])('suite $name', () => {
+  test.each<Case>([[1, 2]])('adds %i', (a, b) => {});
+  it.each<[number, Array<string>]>([[1, ['x']]])('nested %i', () => {});
+});
+"#;
+        assert_eq!(
+            tests(src),
+            [
+                (
+                    "suite $name".to_owned(),
+                    "adds %i".to_owned(),
+                    Modifier::None,
+                    true
+                ),
+                (
+                    "suite $name".to_owned(),
+                    "nested %i".to_owned(),
+                    Modifier::None,
+                    true
+                ),
+            ]
+        );
     }
 
     #[test]

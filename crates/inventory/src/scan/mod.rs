@@ -301,14 +301,15 @@ impl Walker<'_> {
         Ok(())
     }
 
-    /// The runner named by the nearest `package.json` at or above `dir` (inside the root).
+    /// The runner named by the nearest `package.json` at or above `dir` (inside the root) that
+    /// names one: a workspace package of a monorepo often leaves its runner to the root's.
     fn js_hint(&mut self, dir: &str) -> Option<Framework> {
         if let Some(hint) = self.js_hints.get(dir) {
             return *hint;
         }
-        let own = self.package_json_runner(dir);
+        let own = self.package_json_runner(dir).flatten();
         let hint = match own {
-            Some(found) => found,
+            Some(found) => Some(found),
             None if dir.is_empty() => None,
             None => {
                 let parent = dir.rsplit_once('/').map_or("", |(p, _)| p);

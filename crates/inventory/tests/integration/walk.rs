@@ -54,3 +54,46 @@ fn skips_excluded_folders_symlinks_and_oversized_files() {
         Err(ScanError::TooManyFiles { limit: 1 })
     ));
 }
+
+#[test]
+fn a_workspace_package_without_a_runner_takes_the_nearest_one_that_names_one() {
+    let dir = TempDir::new("walk-monorepo");
+    let root = dir.path();
+    write(
+        root,
+        "package.json",
+        r#"{"devDependencies": {"vitest": "1"}}"#,
+    );
+    write(root, "packages/app/package.json", r#"{"name": "app"}"#);
+    write(
+        root,
+        "packages/app/src/a.test.js",
+        "describe('a', () => { it('works', () => {}); });\n",
+    );
+    write(
+        root,
+        "packages/legacy/package.json",
+        r#"{"devDependencies": {"mocha": "10"}}"#,
+    );
+    write(
+        root,
+        "packages/legacy/test/b.test.js",
+        "it('still works', () => {});\n",
+    );
+    let inventory = scan_tree(root, &ScanOptions::default()).unwrap();
+    let frameworks: Vec<_> = inventory
+        .files
+        .iter()
+        .map(|f| (f.path.as_str(), f.framework))
+        .collect();
+    assert_eq!(
+        frameworks,
+        [
+            ("packages/app/src/a.test.js", inventory::Framework::Vitest),
+            (
+                "packages/legacy/test/b.test.js",
+                inventory::Framework::Mocha
+            ),
+        ]
+    );
+}
