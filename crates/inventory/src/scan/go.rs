@@ -3,7 +3,7 @@
 //! the name is a literal), and benchmarks, fuzz targets and examples reported apart.
 
 use super::lexer::{Lang, Tok, Token, lex};
-use super::{Found, between, matching};
+use super::{Found, MAX_SUITE_DEPTH, between, capped, matching};
 use crate::model::{Framework, Modifier, OtherFunction, OtherKind, TestCase};
 
 /// Whether `name` is `prefix` followed by nothing or by a character that is not lowercase, the
@@ -54,7 +54,7 @@ pub(crate) fn scan(src: &str) -> Found {
     let mut found = Found::default();
     let mut depth = 0usize;
     let mut i = 0;
-    while i < toks.len() {
+    while i < toks.len() && !found.is_full() {
         let t = &toks[i];
         if t.is_punct(b'{') {
             depth += 1;
@@ -104,25 +104,23 @@ fn function(toks: &[Token<'_>], at: usize, found: &mut Found) -> Option<usize> {
         (None, n) if has_go_prefix(n, "Test") => {
             if let Some(var) = testing_param(params, "T") {
                 let skip = leading_skip(toks, body_open, var);
-                found
-                    .tests
-                    .push((Framework::Go, test_case(n, Vec::new(), name.line, skip)));
+                found.push_test(Framework::Go, test_case(n, Vec::new(), name.line, skip));
                 subtests(
                     toks,
                     body_open + 1,
                     body_close,
                     var,
-                    &[n.to_string()],
+                    &[capped(n)],
                     skip,
                     found,
                 );
             }
         }
         (Some(recv), n) if has_go_prefix(n, "Test") && params.is_empty() => {
-            found.tests.push((
+            found.push_test(
                 Framework::Go,
-                test_case(n, vec![recv.clone()], name.line, false),
-            ));
+                test_case(n, vec![capped(recv)], name.line, false),
+            );
         }
         (None, n) if has_go_prefix(n, "Benchmark") && testing_param(params, "B").is_some() => {
             found.other.push(other(OtherKind::Benchmark));
@@ -150,7 +148,7 @@ fn subtests(
     found: &mut Found,
 ) {
     let mut j = from;
-    while j < to.min(toks.len()) {
+    while j < to.min(toks.len()) && !found.is_full() {
         let is_run = matches!(
             toks.get(j..j + 4),
             Some([v, dot, run, open]) if v.is_ident(var) && dot.is_punct(b'.')
@@ -181,13 +179,17 @@ fn subtests(
                     child_body = Some((body_open, matching(toks, body_open), child_var));
                 }
             }
-            found.tests.push((
+            found.push_test(
                 Framework::Go,
                 test_case(name, suite.to_vec(), name_tok.line, skip),
-            ));
-            if let Some((body_open, body_close, child_var)) = child_body {
+            );
+            // Deeper subtests are not looked for: the path, copied per test, stays bounded, and
+            // so does the recursion.
+            if let Some((body_open, body_close, child_var)) = child_body
+                && suite.len() < MAX_SUITE_DEPTH
+            {
                 let mut child_suite = suite.to_vec();
-                child_suite.push(name.to_string());
+                child_suite.push(capped(name));
                 subtests(
                     toks,
                     body_open + 1,

@@ -3,7 +3,7 @@
 //! too) as suite, `@Disabled`/`@Ignore` (on the method or a class) as skip and `@DisplayName`.
 
 use super::lexer::{Lang, Tok, Token, dotted_name, dotted_span, lex};
-use super::{Found, between, matching};
+use super::{Found, between, matching, suite_path};
 use crate::model::{Framework, Modifier, TestCase};
 
 const TEST_ANNOTATIONS: [&str; 5] = [
@@ -82,7 +82,7 @@ pub(crate) fn scan(src: &str) -> Found {
     let mut annotations: Vec<Annotation> = Vec::new();
     let mut pending_class: Option<ClassScope> = None;
     let mut i = 0;
-    while i < toks.len() {
+    while i < toks.len() && !found.is_full() {
         let t = &toks[i];
         let prev_is_dot = i > 0 && toks[i - 1].is_punct(b'.');
         match t.kind {
@@ -133,11 +133,11 @@ pub(crate) fn scan(src: &str) -> Found {
                         .iter()
                         .any(|a| SKIP_ANNOTATIONS.contains(&a.simple_name()))
                         || scopes.iter().flatten().any(|c| c.skip);
-                    found.tests.push((
+                    found.push_test(
                         framework,
                         TestCase {
                             name: t.text.to_string(),
-                            suite: scopes.iter().flatten().map(|c| c.name.clone()).collect(),
+                            suite: suite_path(scopes.iter().flatten().map(|c| c.name.as_str())),
                             line: t.line,
                             modifier: if skip { Modifier::Skip } else { Modifier::None },
                             parameterized: annotations
@@ -148,7 +148,7 @@ pub(crate) fn scan(src: &str) -> Found {
                                 .find(|a| a.simple_name() == "DisplayName")
                                 .and_then(|a| a.text.clone()),
                         },
-                    ));
+                    );
                 }
                 annotations.clear();
             }

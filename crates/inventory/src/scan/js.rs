@@ -4,7 +4,7 @@
 //! Also tells which runner a file is written for, from its imports and globals.
 
 use super::lexer::{Lang, Tok, Token, lex};
-use super::{Found, matching};
+use super::{Found, MAX_NAME_CHARS, matching, suite_path};
 use crate::model::{Framework, Modifier, TestCase};
 
 const SUITE_FUNCTIONS: [&str; 6] = [
@@ -83,7 +83,7 @@ pub(crate) fn scan(src: &str, fallback: Framework) -> Found {
     let mut found = Found::default();
     let mut suites: Vec<OpenSuite> = Vec::new();
     let mut i = 0;
-    while i < toks.len() {
+    while i < toks.len() && !found.is_full() {
         while suites.last().is_some_and(|s| s.end <= i) {
             suites.pop();
         }
@@ -98,17 +98,17 @@ pub(crate) fn scan(src: &str, fallback: Framework) -> Found {
             } else {
                 let inherited: Vec<Modifier> = suites.iter().map(|s| s.modifier).collect();
                 let modifier = effective_modifier(own, &inherited);
-                found.tests.push((
+                found.push_test(
                     framework,
                     TestCase {
                         name: call.name,
-                        suite: suites.iter().map(|s| s.name.clone()).collect(),
+                        suite: suite_path(suites.iter().map(|s| s.name.as_str())),
                         line: toks[i].line,
                         modifier,
                         parameterized: call.parameterized,
                         display_name: None,
                     },
-                ));
+                );
             }
             i = call.open + 1;
             continue;
@@ -252,9 +252,13 @@ fn type_arguments_end(toks: &[Token<'_>], open: usize) -> Option<usize> {
     None
 }
 
+/// The source text of `toks[from..to]`, stopped once it is longer than a recorded name can be.
 fn source_span(toks: &[Token<'_>], from: usize, to: usize) -> String {
     let mut out = String::new();
     for (k, t) in toks[from..to].iter().enumerate() {
+        if out.len() > 4 * MAX_NAME_CHARS {
+            break;
+        }
         if k > 0 {
             let prev = &toks[from + k - 1];
             if prev.start + prev.text.len() < t.start {

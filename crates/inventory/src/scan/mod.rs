@@ -90,6 +90,59 @@ pub(crate) struct Found {
     pub(crate) other: Vec<OtherFunction>,
 }
 
+/// The most tests recorded for one file; a scanner stops there. A crafted file could otherwise
+/// make the inventory, and the analyzer's memory, grow without bound.
+pub const MAX_TESTS_PER_FILE: usize = 10_000;
+
+/// The longest name (test, suite, display name) recorded, in characters; longer ones are cut,
+/// ending in `…`.
+pub const MAX_NAME_CHARS: usize = 300;
+
+/// The most enclosing suites recorded for a test (the outermost ones); deeper suites still
+/// count their tests. Go subtests deeper than this are not looked for.
+pub const MAX_SUITE_DEPTH: usize = 32;
+
+impl Found {
+    /// Whether the file's test cap is reached: the scanner stops.
+    pub(crate) fn is_full(&self) -> bool {
+        self.tests.len() >= MAX_TESTS_PER_FILE
+    }
+
+    /// Records a test (nothing once the cap is reached), its names capped.
+    pub(crate) fn push_test(&mut self, framework: Framework, mut test: TestCase) {
+        if self.is_full() {
+            return;
+        }
+        if test.name.chars().count() > MAX_NAME_CHARS {
+            test.name = capped(&test.name);
+        }
+        if let Some(display) = &test.display_name
+            && display.chars().count() > MAX_NAME_CHARS
+        {
+            test.display_name = Some(capped(display));
+        }
+        self.tests.push((framework, test));
+    }
+}
+
+/// `name` cut to [`MAX_NAME_CHARS`] characters, the last of them `…` when it was longer.
+pub(crate) fn capped(name: &str) -> String {
+    match name.char_indices().nth(MAX_NAME_CHARS - 1) {
+        Some((cut, _)) if name.chars().count() > MAX_NAME_CHARS => format!("{}…", &name[..cut]),
+        _ => name.to_owned(),
+    }
+}
+
+/// The suite path a test records: the outermost [`MAX_SUITE_DEPTH`] suites, names capped. Built
+/// per test, so its cost must not grow with how deep or long a crafted file's suites are.
+pub(crate) fn suite_path<'n>(names: impl IntoIterator<Item = &'n str>) -> Vec<String> {
+    names
+        .into_iter()
+        .take(MAX_SUITE_DEPTH)
+        .map(capped)
+        .collect()
+}
+
 /// The tokens strictly between the bracket at `open` and its match `close` from [`matching`]:
 /// none when the source ends at an unclosed bracket (then `close` is `open` itself).
 pub(crate) fn between<'s, 't>(toks: &'s [Token<'t>], open: usize, close: usize) -> &'s [Token<'t>] {
@@ -391,6 +444,80 @@ mod tests {
         let m = serde_json::json!({"dependencies": {"mocha": "1"}});
         assert_eq!(runner_from_package_json(&m), Some(Framework::Mocha));
         assert_eq!(runner_from_package_json(&serde_json::json!({})), None);
+    }
+
+    fn js(source: &str) -> Vec<TestCase> {
+        scan_source("a.test.js", SourceKind::JavaScript, source, Framework::Jest)
+            .into_iter()
+            .flat_map(|f| f.tests)
+            .collect()
+    }
+
+    #[test]
+    fn a_file_records_at_most_its_cap_of_tests() {
+        let source = "it('t', () => {});\n".repeat(MAX_TESTS_PER_FILE + 500);
+        assert_eq!(js(&source).len(), MAX_TESTS_PER_FILE);
+        let go = format!(
+            "package x\n{}",
+            (0..MAX_TESTS_PER_FILE + 5)
+                .map(|n| format!("func Test{n}(t *testing.T) {{}}\n"))
+                .collect::<String>()
+        );
+        let found = scan_source("x_test.go", SourceKind::Go, &go, Framework::Jest);
+        assert_eq!(found[0].tests.len(), MAX_TESTS_PER_FILE);
+    }
+
+    #[test]
+    fn long_names_are_cut_and_deep_suites_keep_their_outermost_levels() {
+        let long = "n".repeat(MAX_NAME_CHARS * 3);
+        let tests = js(&format!("it('{long}', () => {{}});"));
+        assert_eq!(tests[0].name.chars().count(), MAX_NAME_CHARS);
+        assert!(tests[0].name.ends_with('…'));
+        assert!(tests[0].name.starts_with("nnn"));
+
+        let depth = MAX_SUITE_DEPTH * 3;
+        let source = format!(
+            "{}it('deep', () => {{}});{}",
+            (0..depth)
+                .map(|d| format!("describe('{d}-{long}', () => {{\n"))
+                .collect::<String>(),
+            "});\n".repeat(depth)
+        );
+        let tests = js(&source);
+        assert_eq!(tests.len(), 1);
+        assert_eq!(tests[0].suite.len(), MAX_SUITE_DEPTH);
+        assert!(tests[0].suite[0].starts_with("0-") && tests[0].suite[0].ends_with('…'));
+        assert!(
+            tests[0]
+                .suite
+                .iter()
+                .all(|s| s.chars().count() == MAX_NAME_CHARS)
+        );
+    }
+
+    #[test]
+    fn calls_nested_in_calls_stay_bounded() {
+        // `it(it(it(…)))`: each level a test named after the rest of the nest.
+        let depth = 3_000;
+        let source = format!("{}x{}", "it(".repeat(depth), ")".repeat(depth));
+        let tests = js(&source);
+        assert_eq!(tests.len(), depth);
+        assert!(
+            tests
+                .iter()
+                .all(|t| t.name.chars().count() <= MAX_NAME_CHARS)
+        );
+
+        let go = format!(
+            "package x\nfunc TestDeep(t *testing.T) {{\n{}{}}}\n",
+            (0..MAX_SUITE_DEPTH * 2)
+                .map(|d| format!("t.Run(\"{d}\", func(t *testing.T) {{\n"))
+                .collect::<String>(),
+            "})\n".repeat(MAX_SUITE_DEPTH * 2)
+        );
+        let found = scan_source("x_test.go", SourceKind::Go, &go, Framework::Jest);
+        let deepest = found[0].tests.iter().map(|t| t.suite.len()).max();
+        assert_eq!(deepest, Some(MAX_SUITE_DEPTH));
     }
 
     #[test]

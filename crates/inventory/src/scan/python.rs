@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 
 use super::lexer::{Lang, Tok, Token, dotted_name, dotted_span, lex};
-use super::{Found, matching};
+use super::{Found, matching, suite_path};
 use crate::model::{Framework, Modifier, TestCase};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +76,9 @@ pub(crate) fn scan(src: &str) -> Found {
     let mut decorators = Decorators::default();
 
     for line in logical_lines(&toks) {
+        if found.is_full() {
+            break;
+        }
         let indent = line[0].indent.unwrap_or(0);
         while scopes.last().is_some_and(|s| s.indent >= indent) {
             scopes.pop();
@@ -129,17 +132,17 @@ pub(crate) fn scan(src: &str) -> Found {
                 && name_tok.text.starts_with("test")
             {
                 let skip = decorators.skip || scopes.iter().any(|s| s.skip);
-                found.tests.push((
+                found.push_test(
                     framework,
                     TestCase {
                         name: name_tok.text.to_string(),
-                        suite: scopes.iter().map(|s| s.name.clone()).collect(),
+                        suite: suite_path(scopes.iter().map(|s| s.name.as_str())),
                         line: name_tok.line,
                         modifier: if skip { Modifier::Skip } else { Modifier::None },
                         parameterized: decorators.parameterized,
                         display_name: None,
                     },
-                ));
+                );
             }
             scopes.push(Scope {
                 indent,

@@ -2,7 +2,7 @@
 //! `#[rstest]`, `#[test_case(..)]`, any `#[…::test]`), with their enclosing modules as suite.
 
 use super::lexer::{Lang, Tok, Token, lex};
-use super::{Found, between, matching};
+use super::{Found, between, matching, suite_path};
 use crate::model::{Framework, Modifier, TestCase};
 
 /// Attribute paths that make a function a test (besides any path ending in `::test`).
@@ -39,7 +39,7 @@ pub(crate) fn scan(src: &str) -> Found {
     let mut pending_mod: Option<String> = None;
     let mut attributes: Vec<String> = Vec::new();
     let mut i = 0;
-    while i < toks.len() {
+    while i < toks.len() && !found.is_full() {
         let t = &toks[i];
         let next = toks.get(i + 1);
         match t.kind {
@@ -67,17 +67,17 @@ pub(crate) fn scan(src: &str) -> Found {
                 {
                     let skip = attributes.iter().any(|a| a == "ignore");
                     let parameterized = attributes.iter().any(|a| a == "case" || a == "test_case");
-                    found.tests.push((
+                    found.push_test(
                         Framework::Rust,
                         TestCase {
                             name: name.text.trim_start_matches("r#").to_string(),
-                            suite: scopes.iter().flatten().cloned().collect(),
+                            suite: suite_path(scopes.iter().flatten().map(String::as_str)),
                             line: name.line,
                             modifier: if skip { Modifier::Skip } else { Modifier::None },
                             parameterized,
                             display_name: None,
                         },
-                    ));
+                    );
                 }
                 attributes.clear();
                 i += 2;
