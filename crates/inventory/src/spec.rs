@@ -366,11 +366,20 @@ fn escape_markdown(text: &str) -> String {
     out
 }
 
+/// `text` as an inline code span that nothing in it can end: fenced by one backtick more than
+/// its longest run of them, with line breaks and other control characters (a file name may hold
+/// them) shown as spaces, since one would end the heading the span sits in.
 fn code_span(text: &str) -> String {
-    if text.contains('`') {
-        format!("`` {text} ``")
+    let text: String = text
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let longest_run = text.split(|c| c != '`').map(str::len).max().unwrap_or(0);
+    let fence = "`".repeat(longest_run + 1);
+    if longest_run > 0 {
+        format!("{fence} {text} {fence}")
     } else {
-        format!("`{text}`")
+        format!("{fence}{text}{fence}")
     }
 }
 
@@ -420,6 +429,14 @@ mod tests {
             "a \\*b\\* \\[c\\](d) \\`e\\` \\<f\\> x\\_y"
         );
         assert_eq!(code_span("a`b"), "`` a`b ``");
+        assert_eq!(code_span("src/a.test.js"), "`src/a.test.js`");
+        // A double backtick cannot close the span early and let HTML through.
+        assert_eq!(
+            code_span("a``<img src=x onerror=alert(1)>``b.test.js"),
+            "``` a``<img src=x onerror=alert(1)>``b.test.js ```"
+        );
+        // A line break cannot end the heading.
+        assert_eq!(code_span("a\n## b\r.test.js"), "`a ## b .test.js`");
     }
 
     #[test]
