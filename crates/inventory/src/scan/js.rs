@@ -4,7 +4,7 @@
 //! Also tells which runner a file is written for, from its imports and globals.
 
 use super::lexer::{Lang, Tok, Token, lex};
-use super::{Found, MAX_NAME_CHARS, matching, suite_path};
+use super::{Brackets, Found, MAX_NAME_CHARS, MAX_TESTS_PER_FILE, suite_path};
 use crate::model::{Framework, Modifier, TestCase};
 
 const SUITE_FUNCTIONS: [&str; 6] = [
@@ -80,14 +80,18 @@ struct OpenSuite {
 pub(crate) fn scan(src: &str, fallback: Framework) -> Found {
     let toks = lex(src, Lang::Js);
     let framework = detect_framework(&toks).unwrap_or(fallback);
+    let brackets = Brackets::of(&toks);
     let mut found = Found::default();
     let mut suites: Vec<OpenSuite> = Vec::new();
+    // Suite calls count towards the cap as well: each costs its suite's modifiers per test.
+    let mut calls = 0;
     let mut i = 0;
-    while i < toks.len() && !found.is_full() {
+    while i < toks.len() && calls < MAX_TESTS_PER_FILE {
         while suites.last().is_some_and(|s| s.end <= i) {
             suites.pop();
         }
-        if let Some(call) = parse_call(&toks, i) {
+        if let Some(call) = parse_call(&toks, &brackets, i) {
+            calls += 1;
             let own = call.modifier;
             if call.is_suite {
                 suites.push(OpenSuite {
@@ -145,7 +149,7 @@ struct Call {
 
 /// Recognises `describe(…)`, `it.skip(…)`, `test.each([...])(…)`, `test.describe.serial(…)`…
 /// starting at token `i`.
-fn parse_call(toks: &[Token<'_>], i: usize) -> Option<Call> {
+fn parse_call(toks: &[Token<'_>], brackets: &Brackets, i: usize) -> Option<Call> {
     let base = toks.get(i).filter(|t| t.kind == Tok::Ident)?;
     let is_suite_base = SUITE_FUNCTIONS.contains(&base.text);
     if !is_suite_base && !TEST_FUNCTIONS.contains(&base.text) {
@@ -173,7 +177,7 @@ fn parse_call(toks: &[Token<'_>], i: usize) -> Option<Call> {
                 j = type_arguments_end(toks, j)? + 1;
             }
             match toks.get(j) {
-                Some(t) if t.is_punct(b'(') => j = matching(toks, j) + 1,
+                Some(t) if t.is_punct(b'(') => j = brackets.matching(j) + 1,
                 Some(t) if matches!(t.kind, Tok::Str(_)) => j += 1,
                 _ => return None,
             }
@@ -183,7 +187,7 @@ fn parse_call(toks: &[Token<'_>], i: usize) -> Option<Call> {
     if !toks.get(open)?.is_punct(b'(') {
         return None;
     }
-    let close = matching(toks, open);
+    let close = brackets.matching(open);
     let first = toks.get(open + 1)?;
     let name = match first.str_value() {
         Some(v) => v.to_string(),

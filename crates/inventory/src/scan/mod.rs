@@ -143,6 +143,48 @@ pub(crate) fn suite_path<'n>(names: impl IntoIterator<Item = &'n str>) -> Vec<St
         .collect()
 }
 
+/// Every bracket's match, found in one pass: what [`matching`] answers, without walking the rest
+/// of the file for each bracket asked about. A scanner that asks for every call of a file of
+/// nested calls (`describe(describe(…))`) would otherwise take time growing with the square of
+/// the file.
+pub(crate) struct Brackets(Vec<usize>);
+
+impl Brackets {
+    pub(crate) fn of(toks: &[Token<'_>]) -> Brackets {
+        let mut closes: Vec<usize> = (0..toks.len()).collect();
+        let mut open: [Vec<usize>; 3] = Default::default();
+        for (k, t) in toks.iter().enumerate() {
+            match t.kind {
+                Tok::Punct(b'(') => open[0].push(k),
+                Tok::Punct(b'[') => open[1].push(k),
+                Tok::Punct(b'{') => open[2].push(k),
+                Tok::Punct(c @ (b')' | b']' | b'}')) => {
+                    let kind = match c {
+                        b')' => 0,
+                        b']' => 1,
+                        _ => 2,
+                    };
+                    if let Some(o) = open[kind].pop() {
+                        closes[o] = k;
+                    }
+                }
+                _ => {}
+            }
+        }
+        // Unclosed: the last index, as `matching` says.
+        let last = toks.len().saturating_sub(1);
+        for o in open.into_iter().flatten() {
+            closes[o] = last.max(o);
+        }
+        Brackets(closes)
+    }
+
+    /// [`matching`]`(toks, open)` for the tokens this was made of.
+    pub(crate) fn matching(&self, open: usize) -> usize {
+        self.0.get(open).copied().unwrap_or(open)
+    }
+}
+
 /// The tokens strictly between the bracket at `open` and its match `close` from [`matching`]:
 /// none when the source ends at an unclosed bracket (then `close` is `open` itself).
 pub(crate) fn between<'s, 't>(toks: &'s [Token<'t>], open: usize, close: usize) -> &'s [Token<'t>] {
@@ -518,6 +560,54 @@ mod tests {
         let found = scan_source("x_test.go", SourceKind::Go, &go, Framework::Jest);
         let deepest = found[0].tests.iter().map(|t| t.suite.len()).max();
         assert_eq!(deepest, Some(MAX_SUITE_DEPTH));
+    }
+
+    #[test]
+    fn brackets_found_in_one_pass_match_matching_everywhere() {
+        let sources = [
+            ("f(a(b), [c]) (", lexer::Lang::Js),
+            ("{ ( ] ) [ } ( ( ) {", lexer::Lang::Js),
+            (") ] } ( [ {", lexer::Lang::Js),
+            (
+                "describe('a', () => { it.each([[1], [2]])('b', (x) => { f(x[0]) }) })",
+                lexer::Lang::Js,
+            ),
+            (
+                "fn f() { let v = [(1, 2), (3, 4)]; g(&v[..]) }",
+                lexer::Lang::Rust,
+            ),
+            ("", lexer::Lang::Go),
+        ];
+        for (source, lang) in sources {
+            let toks = lexer::lex(source, lang);
+            let brackets = Brackets::of(&toks);
+            for k in 0..toks.len() {
+                assert_eq!(
+                    brackets.matching(k),
+                    matching(&toks, k),
+                    "{source:?} at {k}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_file_of_nested_suite_calls_is_scanned_to_its_call_cap() {
+        let depth = MAX_TESTS_PER_FILE * 3;
+        let source = format!(
+            "{}it('x', () => {{}}){}",
+            "describe('s', ".repeat(depth),
+            ")".repeat(depth)
+        );
+        assert!(js(&source).is_empty(), "the cap is reached before the test");
+        let source = format!(
+            "{}it('x', () => {{}}){}",
+            "describe('s', ".repeat(40),
+            ")".repeat(40)
+        );
+        let tests = js(&source);
+        assert_eq!(tests.len(), 1);
+        assert_eq!(tests[0].suite.len(), MAX_SUITE_DEPTH);
     }
 
     #[test]
