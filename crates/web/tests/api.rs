@@ -602,6 +602,40 @@ async fn every_tier_is_routed_to_its_lane_and_unknown_tiers_to_default() {
     s.stop().await;
 }
 
+/// Runs `action` (PL/pgSQL) at the COMMIT of every transaction that inserted a job of a
+/// repository containing `marker`: a deferred constraint trigger on `fairlane_job` named `name`,
+/// which also counts its firings in the sequence `{name}_fired` (no rollback undoes them; read
+/// with [`commit_trigger_firings`]).
+async fn at_commit_of_jobs_for(pool: &sqlx::PgPool, name: &str, marker: &str, action: &str) {
+    for statement in [
+        format!("CREATE SEQUENCE {name}_fired"),
+        format!(
+            "CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$ \
+             BEGIN IF NEW.args->>'repository' LIKE '%{marker}%' THEN \
+               PERFORM nextval('{name}_fired'); {action} END IF; RETURN NULL; END $$"
+        ),
+        format!(
+            "CREATE CONSTRAINT TRIGGER {name} AFTER INSERT ON fairlane_job \
+             DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {name}()"
+        ),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(statement))
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+}
+
+/// How often the trigger of [`at_commit_of_jobs_for`] named `name` fired.
+async fn commit_trigger_firings(pool: &sqlx::PgPool, name: &str) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {name}_fired"
+    )))
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
 /// `r` is a 500 `internal` problem whose detail does not reveal the test trigger that caused it.
 fn assert_internal_problem_hides_the_trigger(r: &Resp) {
     let body = r.problem(500, "internal");
@@ -697,20 +731,14 @@ async fn a_failing_commit_is_answered_with_an_error_and_never_retried() {
     let db = TestDb::new().await;
     let s = start(&db).await;
     let (_, key) = user_with_key(&db.pool, "pro").await;
-    // A deferred constraint trigger fails the commit of any transaction that wrote a job of a
-    // repository containing `late`, and counts its firings in a sequence (which no rollback
-    // undoes).
-    for statement in [
-        "CREATE SEQUENCE late_commit_attempts",
-        "CREATE FUNCTION refuse_late_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \
-         BEGIN IF NEW.args->>'repository' LIKE '%late%' THEN \
-           PERFORM nextval('late_commit_attempts'); \
-           RAISE EXCEPTION 'commit refused by test trigger'; END IF; RETURN NULL; END $$",
-        "CREATE CONSTRAINT TRIGGER refuse_late_commit AFTER INSERT ON fairlane_job \
-         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_late_commit()",
-    ] {
-        sqlx::query(statement).execute(&db.pool).await.unwrap();
-    }
+    // The commit of any transaction that wrote a job of a repository containing `late` fails.
+    at_commit_of_jobs_for(
+        &db.pool,
+        "refuse_late_commit",
+        "late",
+        "RAISE EXCEPTION 'commit refused by test trigger';",
+    )
+    .await;
     // Concurrent requests share batches, so some batch holds several of them: each batch
     // commits once and fails as a whole; retrying its requests alone would fire more often.
     const REQUESTS: u64 = 32;
@@ -724,10 +752,7 @@ async fn a_failing_commit_is_answered_with_an_error_and_never_retried() {
     for r in futures_util::future::join_all(requests).await {
         assert_internal_problem_hides_the_trigger(&r);
     }
-    let attempts: i64 = sqlx::query_scalar("SELECT last_value FROM late_commit_attempts")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let attempts = commit_trigger_firings(&db.pool, "refuse_late_commit").await;
     assert!(
         attempts < REQUESTS as i64,
         "{attempts} commits for {REQUESTS} requests: failed commits were retried"
@@ -824,18 +849,13 @@ async fn a_connection_lost_at_commit_is_answered_with_an_error_and_never_retried
     let db = TestDb::new().await;
     let s = start(&db).await;
     let (_, key) = user_with_key(&db.pool, "pro").await;
-    for statement in [
-        "CREATE SEQUENCE lost_commit_attempts",
-        "CREATE FUNCTION lose_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \
-         BEGIN IF NEW.args->>'repository' LIKE '%lost%' THEN \
-           PERFORM nextval('lost_commit_attempts'); \
-           PERFORM pg_terminate_backend(pg_backend_pid()); \
-           PERFORM pg_sleep(5); END IF; RETURN NULL; END $$",
-        "CREATE CONSTRAINT TRIGGER lose_commit AFTER INSERT ON fairlane_job \
-         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION lose_commit()",
-    ] {
-        sqlx::query(statement).execute(&db.pool).await.unwrap();
-    }
+    at_commit_of_jobs_for(
+        &db.pool,
+        "lose_commit",
+        "lost",
+        "PERFORM pg_terminate_backend(pg_backend_pid()); PERFORM pg_sleep(5);",
+    )
+    .await;
     // The enqueue collector now holds a connection, which the next batch reuses.
     let r = s
         .http
@@ -845,10 +865,7 @@ async fn a_connection_lost_at_commit_is_answered_with_an_error_and_never_retried
     let body = json!({"repository": "https://github.com/a/lost", "ref": sha(2)});
     let r = s.http.post_json("/v1/analyses", &key, &body).await;
     assert_internal_problem_hides_the_trigger(&r);
-    let attempts: i64 = sqlx::query_scalar("SELECT last_value FROM lost_commit_attempts")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+    let attempts = commit_trigger_firings(&db.pool, "lose_commit").await;
     assert_eq!(attempts, 1, "a batch whose COMMIT was sent ran again");
     assert_eq!(written_rows(&db.pool).await, [1, 1, 0, 1, 0]);
     let r = s
@@ -1402,15 +1419,13 @@ async fn a_request_past_the_timeout_while_committing_is_told_its_outcome_is_unkn
     c.http_request_timeout = Duration::from_secs(2);
     let s = TestServer::start(c).await;
     let (_, key) = user_with_key(&db.pool, "pro").await;
-    for statement in [
-        "CREATE FUNCTION slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ \
-         BEGIN IF NEW.args->>'repository' LIKE '%slow%' THEN PERFORM pg_advisory_xact_lock(4242); \
-         END IF; RETURN NULL; END $$",
-        "CREATE CONSTRAINT TRIGGER slow_commit AFTER INSERT ON fairlane_job \
-         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_commit()",
-    ] {
-        sqlx::query(statement).execute(&db.pool).await.unwrap();
-    }
+    at_commit_of_jobs_for(
+        &db.pool,
+        "slow_commit",
+        "slow",
+        "PERFORM pg_advisory_xact_lock(4242);",
+    )
+    .await;
     // The server's connections are open and warm: the request reaches its COMMIT well in time.
     let r = s
         .http
