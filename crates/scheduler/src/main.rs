@@ -22,7 +22,7 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async {
         let telemetry = telemetry::init(&config.telemetry)?;
         let shutdown =
-            workerkit::shutdown_on_signals().context("installing the SIGTERM/SIGINT handlers")?;
+            telemetry::shutdown_on_signals().context("installing the SIGTERM/SIGINT handlers")?;
         let pool = scheduler::lazy_pool(&config)?;
         let result = scheduler::run(&config, pool, shutdown).await;
         if let Err(e) = tokio::task::spawn_blocking(move || telemetry.shutdown()).await? {

@@ -2,7 +2,7 @@
 //! traces and metrics (pushed over OTLP/HTTP when `OTEL_EXPORTER_OTLP_ENDPOINT` is set), and a
 //! Prometheus text rendering ([`render_prometheus`]) for the binary's own `/metrics` route.
 //! [`current_trace_context`] and [`set_parent_from`] carry a request's trace into the jobs it
-//! enqueues. [`on_shutdown_signal`] is the SIGTERM/SIGINT listener every service binary starts
+//! enqueues. [`shutdown_on_signals`] is the SIGTERM/SIGINT listener every service binary starts
 //! beside [`init`].
 //!
 //! Library crates do not depend on this one for metrics: they record through the OpenTelemetry
@@ -28,4 +28,4 @@ pub use propagation::{
     trace_context_of,
 };
 pub use setup::{INSTRUMENTATION_NAME, TelemetryError, TelemetryGuard, init};
-pub use signals::on_shutdown_signal;
+pub use signals::shutdown_on_signals;

@@ -1,5 +1,5 @@
-//! `on_shutdown_signal` listens from the moment it returns: SIGINT or SIGTERM sent before the
-//! calling task yields even once still reaches the callback instead of killing the process.
+//! `shutdown_on_signals` listens from the moment it returns: SIGINT or SIGTERM sent before the
+//! calling task yields even once still cancels its token instead of killing the process.
 //! This file is its own test binary, so the signals it sends reach no other test.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -16,23 +16,18 @@ fn signal_self(signal: &str) {
 }
 
 /// Installs the listener, signals this process at once (no `.await` in between: on a
-/// current-thread runtime nothing spawned has run yet), and waits for the callback.
-async fn signal_right_after_install_reaches_the_callback(signal: &str) {
-    let (called, heard) = tokio::sync::oneshot::channel();
-    telemetry::on_shutdown_signal(move || {
-        let _ = called.send(());
-    })
-    .unwrap();
+/// current-thread runtime nothing spawned has run yet), and waits for the token.
+async fn signal_right_after_install_cancels_the_token(signal: &str) {
+    let shutdown = telemetry::shutdown_on_signals().unwrap();
     signal_self(signal);
-    tokio::time::timeout(Duration::from_secs(10), heard)
+    tokio::time::timeout(Duration::from_secs(10), shutdown.cancelled())
         .await
-        .unwrap_or_else(|_| panic!("SIG{signal} did not reach the callback"))
-        .unwrap();
+        .unwrap_or_else(|_| panic!("SIG{signal} did not cancel the token"));
 }
 
 #[tokio::test(flavor = "current_thread")]
-async fn sigterm_and_sigint_right_after_install_call_back_instead_of_killing() {
+async fn sigterm_and_sigint_right_after_install_cancel_instead_of_killing() {
     // One test for both: each install listens for both signals, and one process runs them.
-    signal_right_after_install_reaches_the_callback("TERM").await;
-    signal_right_after_install_reaches_the_callback("INT").await;
+    signal_right_after_install_cancels_the_token("TERM").await;
+    signal_right_after_install_cancels_the_token("INT").await;
 }

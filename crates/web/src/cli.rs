@@ -5,7 +5,6 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::admin;
@@ -103,16 +102,6 @@ pub async fn run_migrate(config: &WebConfig) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Cancels the returned token on SIGTERM or SIGINT, listening from the moment this returns
-/// (see `telemetry::signals`).
-pub fn shutdown_on_signals() -> anyhow::Result<CancellationToken> {
-    let token = CancellationToken::new();
-    let cancel = token.clone();
-    telemetry::on_shutdown_signal(move || cancel.cancel())
-        .context("installing the SIGTERM/SIGINT handlers")?;
-    Ok(token)
-}
-
 /// The whole program.
 pub async fn main(cli: Cli) -> anyhow::Result<()> {
     let config = WebConfig::load(cli.config.as_deref()).context("loading configuration")?;
@@ -126,7 +115,8 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Serve => {
             let guard = telemetry::init(&config.telemetry)?;
-            let shutdown = shutdown_on_signals()?;
+            let shutdown = telemetry::shutdown_on_signals()
+                .context("installing the SIGTERM/SIGINT handlers")?;
             let result = crate::run(config, shutdown).await;
             if let Err(e) = &result {
                 tracing::error!(error = format!("{e:#}"), "web failed");

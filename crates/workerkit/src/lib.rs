@@ -192,7 +192,7 @@ where
     Fut: Future<Output = Result<(), WorkerError>>,
 {
     let telemetry = telemetry::init(&worker.telemetry)?;
-    let shutdown = shutdown_on_signals().map_err(ServeError::Signals)?;
+    let shutdown = telemetry::shutdown_on_signals().map_err(ServeError::Signals)?;
     let result = match lazy_pool(worker) {
         Ok(pool) => run(pool, shutdown).await,
         Err(e) => Err(e),
@@ -203,13 +203,4 @@ where
         Ok(Ok(())) => {}
     }
     Ok(result?)
-}
-
-/// A token cancelled on SIGTERM or SIGINT, listening from the moment this returns (see
-/// [`telemetry::signals`]). Must be called inside a Tokio runtime.
-pub fn shutdown_on_signals() -> std::io::Result<CancellationToken> {
-    let shutdown = CancellationToken::new();
-    let cancel = shutdown.clone();
-    telemetry::on_shutdown_signal(move || cancel.cancel())?;
-    Ok(shutdown)
 }
