@@ -265,6 +265,13 @@ mod tests {
             .is_some_and(|r| r.starts_with("timed out while fetching"))
         );
         assert!(
+            cancel_reason(fetch_failure(FetchError::OutOfMemory {
+                stage: inventory::Stage::Fetch,
+                limit: 1 << 30,
+            }))
+            .is_some_and(|r| r.starts_with("the repository needs more memory than allowed"))
+        );
+        assert!(
             cancel_reason(fetch_failure(FetchError::RepositoryNotFound)).is_some(),
             "not found"
         );

@@ -10,6 +10,9 @@ use serde::{Deserialize, Serialize};
 /// How long the handler may take beyond the fetch and scan caps (database writes, DNS).
 const JOB_TIMEOUT_MARGIN: Duration = Duration::from_secs(30);
 
+/// The smallest git memory cap accepted: below it, git fails on its own start-up.
+const MIN_GIT_MEMORY: u64 = 64 * 1024 * 1024;
+
 /// Longest time resolving the default branch of a system re-analysis may take (within the fetch
 /// cap).
 const RESOLVE_CAP: Duration = Duration::from_secs(30);
@@ -29,6 +32,8 @@ pub struct AnalysisSettings {
     pub analyzer_max_files: u64,
     /// Source files larger than this many bytes are not scanned for tests.
     pub analyzer_max_file_bytes: u64,
+    /// Cap on each git process's address space in bytes (`RLIMIT_AS`).
+    pub analyzer_max_git_memory_bytes: u64,
     /// Cap on resolving, fetching and checking out together; git is killed when it runs out.
     #[serde(with = "humantime_serde")]
     pub analyzer_fetch_timeout: Duration,
@@ -48,6 +53,7 @@ impl Default for AnalysisSettings {
             analyzer_max_repo_bytes: limits.max_bytes,
             analyzer_max_files: limits.max_files,
             analyzer_max_file_bytes: limits.max_file_bytes,
+            analyzer_max_git_memory_bytes: limits.max_git_memory,
             analyzer_fetch_timeout: limits.total_time,
             analyzer_scan_timeout: Duration::from_secs(60),
             analyzer_work_dir: limits.work_root,
@@ -67,6 +73,11 @@ impl AnalysisSettings {
             if value == 0 {
                 return Err(format!("{name} must be greater than 0"));
             }
+        }
+        if self.analyzer_max_git_memory_bytes < MIN_GIT_MEMORY {
+            return Err(format!(
+                "ANALYZER_MAX_GIT_MEMORY_BYTES must be at least {MIN_GIT_MEMORY} (64 MiB): git cannot start with less"
+            ));
         }
         for (name, value) in [
             ("ANALYZER_FETCH_TIMEOUT", self.analyzer_fetch_timeout),
@@ -102,6 +113,7 @@ impl AnalysisSettings {
             max_bytes: self.analyzer_max_repo_bytes,
             max_files: self.analyzer_max_files,
             max_file_bytes: self.analyzer_max_file_bytes,
+            max_git_memory: self.analyzer_max_git_memory_bytes,
             work_root: self.analyzer_work_dir.clone(),
             ..Limits::default()
         }
@@ -133,6 +145,7 @@ mod tests {
         assert!(!policy.allow_file_urls && !policy.allow_private_hosts);
         assert_eq!(s.analyzer_max_repo_bytes, 512 * 1024 * 1024);
         assert_eq!(s.analyzer_max_files, 100_000);
+        assert_eq!(s.analyzer_max_git_memory_bytes, 1024 * 1024 * 1024);
         assert_eq!(s.analyzer_fetch_timeout, Duration::from_secs(120));
         assert_eq!(s.job_timeout(), Duration::from_secs(120 + 60 + 30));
         assert!(s.job_timeout() > s.limits().total_time);
@@ -148,6 +161,7 @@ mod tests {
                 ("ANALYZER_MAX_REPO_BYTES", "1048576"),
                 ("ANALYZER_MAX_FILES", "500"),
                 ("ANALYZER_MAX_FILE_BYTES", "4096"),
+                ("ANALYZER_MAX_GIT_MEMORY_BYTES", "268435456"),
                 ("ANALYZER_FETCH_TIMEOUT", "5s"),
                 ("ANALYZER_SCAN_TIMEOUT", "2s"),
                 ("ANALYZER_WORK_DIR", "/var/lib/fairlane/checkouts"),
@@ -161,6 +175,7 @@ mod tests {
         assert_eq!(limits.max_bytes, 1_048_576);
         assert_eq!(limits.max_files, 500);
         assert_eq!(limits.max_file_bytes, 4096);
+        assert_eq!(limits.max_git_memory, 268_435_456);
         assert_eq!(limits.total_time, Duration::from_secs(5));
         assert_eq!(limits.resolve_time, Duration::from_secs(5));
         assert_eq!(
@@ -186,5 +201,9 @@ mod tests {
             "ANALYZER_FETCH_TIMEOUT must be longer than 0s"
         );
         assert!(bad(|s| s.analyzer_work_dir = "relative/dir".into()).contains("absolute"));
+        assert_eq!(
+            bad(|s| s.analyzer_max_git_memory_bytes = 64 * 1024 * 1024 - 1),
+            "ANALYZER_MAX_GIT_MEMORY_BYTES must be at least 67108864 (64 MiB): git cannot start with less"
+        );
     }
 }

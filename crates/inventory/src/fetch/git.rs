@@ -1,6 +1,7 @@
 //! Runs the `git` CLI hardened and bounded: a cleared environment, no system/global config, no
 //! prompts, credential helpers, hooks, submodules, symlinks or LFS; only the allowed transports;
-//! its own process group, killed as a whole at the deadline or when a disk cap is exceeded.
+//! its own process group, killed as a whole at the deadline or when a disk cap is exceeded, and
+//! started by `prlimit` with a cap on its address space.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -34,6 +35,9 @@ fn hardening_config(allow_file: bool, curl_pin: Option<&str>) -> Vec<String> {
         "submodule.recurse=false",
         "fetch.recurseSubmodules=false",
         "fetch.unpackLimit=1",
+        // One thread resolves deltas: the memory cap then bounds one object at a time, and an
+        // analysis takes one core whatever the machine has.
+        "pack.threads=1",
         "transfer.fsckObjects=true",
         "http.followRedirects=false",
         "http.sslVerify=true",
@@ -63,6 +67,8 @@ pub(crate) struct GitOutput {
     pub(crate) status: ExitStatus,
     /// The tail of stderr, credentials redacted.
     pub(crate) stderr: String,
+    /// The address-space cap git ran under (for messages).
+    pub(crate) memory_cap: u64,
 }
 
 impl GitOutput {
@@ -88,6 +94,8 @@ pub(crate) struct Git {
     pub(crate) home: PathBuf,
     pub(crate) allow_file: bool,
     pub(crate) curl_pin: Option<String>,
+    /// `RLIMIT_AS` of git and every process it starts, in bytes.
+    pub(crate) max_memory: u64,
     /// When the whole operation must have finished.
     pub(crate) deadline: Instant,
     /// The time cap the deadline came from (for messages).
@@ -115,7 +123,9 @@ impl Drop for GroupGuard {
 
 impl Git {
     fn command(&self, cwd: &Path, args: &[&str]) -> Command {
-        let mut cmd = Command::new("git");
+        // `prlimit` sets the limit on itself and then execs git (same pid, same process group);
+        // git's helpers (`index-pack`, `remote-https`) inherit it.
+        let mut cmd = Command::new("prlimit");
         cmd.env_clear();
         if let Some(path) = std::env::var_os("PATH") {
             cmd.env("PATH", path);
@@ -136,7 +146,11 @@ impl Git {
             .env("GIT_ALLOW_PROTOCOL", protocols)
             .env("GIT_PROTOCOL_FROM_USER", "0")
             .env("GIT_OPTIONAL_LOCKS", "0");
-        let mut argv: Vec<OsString> = Vec::new();
+        let mut argv: Vec<OsString> = vec![
+            format!("--as={}", self.max_memory).into(),
+            "--".into(),
+            "git".into(),
+        ];
         for setting in hardening_config(self.allow_file, self.curl_pin.as_deref()) {
             argv.push("-c".into());
             argv.push(setting.into());
@@ -167,7 +181,7 @@ impl Git {
             .command(cwd, args)
             .spawn()
             .map_err(|source| FetchError::Io {
-                action: "start git",
+                action: "start git with util-linux's prlimit",
                 source,
             })?;
         let mut guard = GroupGuard {
@@ -198,7 +212,11 @@ impl Git {
             },
             None => String::new(),
         };
-        Ok(GitOutput { status, stderr })
+        Ok(GitOutput {
+            status,
+            stderr,
+            memory_cap: self.max_memory,
+        })
     }
 
     async fn supervise(

@@ -33,6 +33,9 @@ pub struct Limits {
     pub max_bytes: u64,
     /// Cap on the number of files in the commit's tree.
     pub max_files: u64,
+    /// Cap on each git process's address space (`RLIMIT_AS`, set by util-linux's `prlimit`):
+    /// a pack of a few KiB can inflate to objects of hundreds of MiB in git's memory.
+    pub max_git_memory: u64,
     /// The scan skips source files larger than this.
     pub max_file_bytes: u64,
     /// How often the folder's size is measured while git writes.
@@ -42,14 +45,16 @@ pub struct Limits {
 }
 
 impl Default for Limits {
-    /// 120 s in all, 20 s to resolve, 512 MiB, 100 000 files, 1 MiB per scanned file, size
-    /// measured every 100 ms, folders under `<tmp>/fairlane-inventory`.
+    /// 120 s in all, 20 s to resolve, 512 MiB, 100 000 files, 1 GiB of address space per git
+    /// process, 1 MiB per scanned file, size measured every 100 ms, folders under
+    /// `<tmp>/fairlane-inventory`.
     fn default() -> Self {
         Limits {
             total_time: Duration::from_secs(120),
             resolve_time: Duration::from_secs(20),
             max_bytes: 512 * 1024 * 1024,
             max_files: 100_000,
+            max_git_memory: 1024 * 1024 * 1024,
             max_file_bytes: 1024 * 1024,
             poll_interval: Duration::from_millis(100),
             work_root: std::env::temp_dir().join("fairlane-inventory"),
@@ -110,6 +115,14 @@ pub enum FetchError {
     /// The checkout folder would exceed [`Limits::max_bytes`].
     #[error("the repository is too large: more than {limit} bytes while {stage}")]
     TooLarge {
+        /// The step that hit the cap.
+        stage: Stage,
+        /// The cap.
+        limit: u64,
+    },
+    /// A git process ran out of its address space ([`Limits::max_git_memory`]).
+    #[error("the repository needs more memory than allowed: over {limit} bytes while {stage}")]
+    OutOfMemory {
         /// The step that hit the cap.
         stage: Stage,
         /// The cap.
@@ -256,11 +269,18 @@ pub fn validate_ref_name(name: &str) -> Result<(), FetchError> {
 }
 
 /// Builds a [`Git`] runner rooted in `folder` (or a scratch folder for `ls-remote`).
-fn git_for(url: &VettedUrl, home: PathBuf, deadline: Instant, time_cap: Duration) -> Git {
+fn git_for(
+    url: &VettedUrl,
+    home: PathBuf,
+    limits: &Limits,
+    deadline: Instant,
+    time_cap: Duration,
+) -> Git {
     Git {
         home,
         allow_file: url.url().scheme() == Scheme::File,
         curl_pin: url.curl_resolve_pin(),
+        max_memory: limits.max_git_memory,
         deadline,
         time_cap,
     }
@@ -270,6 +290,13 @@ fn git_for(url: &VettedUrl, home: PathBuf, deadline: Instant, time_cap: Duration
 fn classify_failure(stage: Stage, output: &GitOutput, git_ref: Option<&str>) -> FetchError {
     let text = output.stderr.to_ascii_lowercase();
     let has = |needles: &[&str]| needles.iter().any(|n| text.contains(n));
+    // git's own words when an allocation or a mapping fails under `RLIMIT_AS`.
+    if has(&["out of memory", "cannot allocate memory"]) {
+        return FetchError::OutOfMemory {
+            stage,
+            limit: output.memory_cap,
+        };
+    }
     if text.contains("transport") && text.contains("not allowed") {
         return FetchError::Refused {
             detail: last_lines(&output.stderr),
@@ -390,7 +417,13 @@ async fn resolve_ref_until(
         action: "create a temporary folder",
         source,
     })?;
-    let git = git_for(url, scratch.path().to_path_buf(), deadline, time_cap);
+    let git = git_for(
+        url,
+        scratch.path().to_path_buf(),
+        limits,
+        deadline,
+        time_cap,
+    );
     let mut args: Vec<&str> = vec!["ls-remote", "--quiet", url.url().as_str()];
     args.extend(candidates.iter().map(String::as_str));
     let mut listing: Vec<u8> = Vec::new();
@@ -482,7 +515,7 @@ async fn fetch_commit_until(
             source,
         })?;
     }
-    let git = git_for(url, home, deadline, limits.total_time);
+    let git = git_for(url, home, limits, deadline, limits.total_time);
     let watch = DiskWatch {
         dir: dir.path().to_path_buf(),
         max_bytes: limits.max_bytes,

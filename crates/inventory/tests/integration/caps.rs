@@ -69,6 +69,54 @@ async fn a_compressible_repository_over_the_byte_cap_is_refused_before_checkout(
 }
 
 #[tokio::test]
+async fn a_blob_that_inflates_past_the_memory_cap_fails_the_fetch() {
+    // 192 MiB of zeros: a pack of a few hundred KiB, far under the byte cap, that git's
+    // index-pack inflates whole in memory to hash it. Repacked, so the serving side (a local
+    // upload-pack, under the same cap) copies it without inflating.
+    let repo = GitFixture::new("caps-memory");
+    repo.write("zeros.bin", vec![0u8; 192 * 1024 * 1024]);
+    repo.commit("zeros");
+    repo.git(&["repack", "-a", "-d", "-q"]);
+    let root = TempDir::new("caps-memory-work");
+    let url = vet_url(&repo.url(), &policy()).await.unwrap();
+    let limits = Limits {
+        max_git_memory: 128 * 1024 * 1024,
+        ..capped(root.path(), 64 * 1024 * 1024, 1000)
+    };
+    let err = fetch(&url, None, &limits).await.unwrap_err();
+    match &err {
+        FetchError::OutOfMemory { stage, limit } => {
+            assert_eq!(*stage, Stage::Fetch);
+            assert_eq!(*limit, 128 * 1024 * 1024);
+        }
+        other => panic!("{other}"),
+    }
+    assert_eq!(
+        err.to_string(),
+        "the repository needs more memory than allowed: over 134217728 bytes while fetching"
+    );
+    assert!(err.is_permanent());
+    assert_eq!(leftovers(&limits.work_root), Vec::<String>::new());
+
+    // With room for the blob, the same fetch passes and the byte cap refuses the checkout.
+    let roomy = Limits {
+        max_git_memory: 1024 * 1024 * 1024,
+        ..limits.clone()
+    };
+    let err = fetch(&url, None, &roomy).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            FetchError::TooLarge {
+                stage: Stage::Checkout,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[tokio::test]
 async fn too_many_files_are_refused_before_checkout() {
     let repo = GitFixture::new("caps-files");
     for i in 0..150 {
