@@ -49,12 +49,17 @@ impl QueueError {
 }
 
 /// Class 40 (transaction rollback: serialization failure, deadlock), 55P03 (lock not available)
-/// and 57014 (statement timeout or cancel).
+/// and 57014 (statement timeout or cancel); and states of the server that pass: class 53
+/// (insufficient resources: disk full, out of memory, too many connections), 58000 and 58030
+/// (system and I/O errors), and 25006 (a read-only transaction: a standby during a failover,
+/// or `default_transaction_read_only` while an operator works).
 fn is_lost_conflict(e: &sqlx::Error) -> bool {
     match e {
-        sqlx::Error::Database(db) => db
-            .code()
-            .is_some_and(|c| c.starts_with("40") || matches!(c.as_ref(), "55P03" | "57014")),
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| {
+            c.starts_with("40")
+                || c.starts_with("53")
+                || matches!(c.as_ref(), "55P03" | "57014" | "58000" | "58030" | "25006")
+        }),
         _ => false,
     }
 }
@@ -83,13 +88,28 @@ mod tests {
     use super::*;
     use testkit::TestDb;
 
-    async fn error_of(pool: &sqlx::PgPool, sql: &'static str) -> QueueError {
+    async fn error_of(pool: &sqlx::PgPool, sql: &str) -> QueueError {
+        error_after(pool, "SET LOCAL statement_timeout = '50ms'", sql).await
+    }
+
+    /// The error of `sql`, run in a transaction after `setup`.
+    async fn error_after(pool: &sqlx::PgPool, setup: &str, sql: &str) -> QueueError {
         let mut tx = pool.begin().await.unwrap();
-        sqlx::query("SET LOCAL statement_timeout = '50ms'")
+        sqlx::query(sqlx::AssertSqlSafe(setup.to_owned()))
             .execute(&mut *tx)
             .await
             .unwrap();
-        QueueError::Database(sqlx::query(sql).execute(&mut *tx).await.unwrap_err())
+        QueueError::Database(
+            sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
+                .execute(&mut *tx)
+                .await
+                .unwrap_err(),
+        )
+    }
+
+    /// A PL/pgSQL block that fails with SQLSTATE condition `state`.
+    fn raising(state: &str) -> String {
+        format!("DO $$ BEGIN RAISE EXCEPTION 'failed' USING ERRCODE = '{state}'; END $$")
     }
 
     #[tokio::test]
@@ -114,5 +134,35 @@ mod tests {
         assert!(QueueError::Hook(Box::new(sqlx::Error::PoolTimedOut)).is_transient());
         assert!(QueueError::Database(sqlx::Error::PoolClosed).is_transient());
         assert!(!QueueError::InvalidJob("no".into()).is_transient());
+    }
+
+    /// A server that passes through a failover (read-only), a full disk, a lack of memory or an
+    /// I/O error refuses every statement for a while: retried, not recorded as the job's failure.
+    #[tokio::test]
+    async fn a_server_that_is_read_only_or_short_of_resources_is_transient() {
+        let db = TestDb::new().await;
+        let read_only = error_after(
+            &db.pool,
+            "SET LOCAL transaction_read_only = on",
+            "CREATE TABLE read_only_probe (x int)",
+        )
+        .await;
+        assert!(read_only.is_transient(), "{read_only}");
+        for state in ["disk_full", "out_of_memory", "io_error", "system_error"] {
+            assert!(
+                error_of(&db.pool, &raising(state)).await.is_transient(),
+                "{state}"
+            );
+        }
+        for state in [
+            "undefined_file",
+            "check_violation",
+            "invalid_text_representation",
+        ] {
+            assert!(
+                !error_of(&db.pool, &raising(state)).await.is_transient(),
+                "{state}"
+            );
+        }
     }
 }

@@ -76,12 +76,17 @@ async fn beat(rt: &Runtime, queues: &[String]) -> Result<(), QueueError> {
     Ok(())
 }
 
+/// Hands back this process's `running` jobs that it never received, or cancels those whose
+/// cancel was requested meanwhile (no handler has started them, so the cancel holds).
 async fn hand_back_orphans(rt: &Runtime) -> Result<(), QueueError> {
     let known = rt.inflight.ids();
     let mut tx = rt.pool.begin().await?;
     let orphans: Vec<Transition> = sqlx::query_as(
         "UPDATE fairlane_job j SET \
-             state = 'available', attempt = greatest(j.attempt - 1, 0), scheduled_at = now(), \
+             state = CASE WHEN (j.metadata ->> 'cancel_attempted_at') IS NOT NULL THEN 'cancelled' \
+                          ELSE 'available' END::fairlane_job_state, \
+             finalized_at = CASE WHEN (j.metadata ->> 'cancel_attempted_at') IS NOT NULL THEN now() END, \
+             attempt = greatest(j.attempt - 1, 0), scheduled_at = now(), \
              errors = j.errors || jsonb_build_array(jsonb_build_object( \
                  'attempt', j.attempt, 'at', now(), 'kind', 'interrupted', \
                  'error', 'fetched by worker ' || $1 || ' but never started (the fetch reply was lost)')) \

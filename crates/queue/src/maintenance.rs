@@ -266,20 +266,21 @@ pub async fn rescue_dead_workers(
     stale_after: Duration,
 ) -> Result<Vec<Transition>, QueueError> {
     let mut tx = pool.begin().await?;
+    // The next state is decided in the locking read: it sees the row as locked (a cancel
+    // committed after this statement's snapshot included), where a second read of the table
+    // would see the snapshot's version and make a cancelled job runnable again.
     let rescued: Vec<Transition> = sqlx::query_as(
-        "WITH stuck AS ( \
-             SELECT j.id FROM fairlane_job j \
-             WHERE j.state = 'running' AND cardinality(j.attempted_by) > 0 AND NOT EXISTS ( \
-                 SELECT 1 FROM fairlane_worker w \
-                 WHERE w.id = j.attempted_by[cardinality(j.attempted_by)] \
-                   AND w.heartbeat_at > now() - $1 * interval '1 millisecond') \
-             FOR UPDATE SKIP LOCKED), \
-         decided AS ( \
+        "WITH decided AS ( \
              SELECT j.id, CASE \
                  WHEN (j.metadata ->> 'cancel_attempted_at') IS NOT NULL THEN 'cancelled' \
                  WHEN j.attempt >= j.max_attempts THEN 'discarded' \
                  ELSE 'available' END::fairlane_job_state AS next \
-             FROM fairlane_job j JOIN stuck USING (id)) \
+             FROM fairlane_job j \
+             WHERE j.state = 'running' AND cardinality(j.attempted_by) > 0 AND NOT EXISTS ( \
+                 SELECT 1 FROM fairlane_worker w \
+                 WHERE w.id = j.attempted_by[cardinality(j.attempted_by)] \
+                   AND w.heartbeat_at > now() - $1 * interval '1 millisecond') \
+             FOR UPDATE OF j SKIP LOCKED) \
          UPDATE fairlane_job j SET \
              state = d.next, \
              finalized_at = CASE WHEN d.next = 'available' THEN NULL ELSE now() END, \

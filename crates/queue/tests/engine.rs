@@ -631,6 +631,71 @@ async fn an_old_run_of_a_job_fetched_again_ends_nothing() {
     engine.stop().await;
 }
 
+/// A job whose fetch committed but whose reply was lost is `running` for a worker that never
+/// got it. A cancel requested meanwhile is all the user knows of it: when the heartbeat hands the
+/// job back, it is cancelled, not made runnable again (and run, and billed, after the cancel).
+#[tokio::test]
+async fn a_cancel_requested_for_a_job_whose_fetch_reply_was_lost_is_kept() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut workers = Workers::new();
+    {
+        let runs = runs.clone();
+        workers.register_fn::<Tag, _, _>(move |_, _| {
+            let runs = runs.clone();
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            }
+        });
+    }
+    let later = chrono::Utc::now() + chrono::Duration::hours(1);
+    let job = client
+        .insert(
+            NewJob::new(q("q"), &Tag { n: 1 })
+                .unwrap()
+                .scheduled_at(later),
+        )
+        .await
+        .unwrap()
+        .job;
+    let engine = start(&client, fast_config(), &[("q", 2)], workers);
+    // The fetch that committed for this engine while its reply was lost.
+    sqlx::query(
+        "UPDATE fairlane_job SET state = 'running', attempt = 1, attempted_at = now(), \
+             attempted_by = ARRAY[$2] WHERE id = $1",
+    )
+    .bind(job.id)
+    .bind(&engine.worker_id)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    assert!(matches!(
+        client.cancel(job.id).await.unwrap(),
+        Some(CancelResult::Requested(_))
+    ));
+    let ended = eventually(
+        Duration::from_secs(10),
+        "the lost job handed back",
+        || async {
+            let j = client.job(job.id).await.unwrap().unwrap();
+            (j.state != JobState::Running).then_some(j)
+        },
+    )
+    .await;
+    assert_eq!(ended.state, JobState::Cancelled);
+    assert!(ended.finalized_at.is_some());
+    // Several polls and heartbeats later, it has still never run.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        client.job(job.id).await.unwrap().unwrap().state,
+        JobState::Cancelled
+    );
+    engine.stop().await;
+}
+
 #[tokio::test]
 async fn lost_database_connections_lose_and_double_nothing() {
     let db = TestDb::new().await;
