@@ -79,8 +79,10 @@ async fn beat(rt: &Runtime, queues: &[String]) -> Result<(), QueueError> {
 /// Hands back this process's `running` jobs that it never received, or cancels those whose
 /// cancel was requested meanwhile (no handler has started them, so the cancel holds).
 async fn hand_back_orphans(rt: &Runtime) -> Result<(), QueueError> {
-    let known = rt.inflight.ids();
     let mut tx = rt.pool.begin().await?;
+    // Read after the connection is in hand: waiting for one can take seconds under load, and a
+    // job fetched and started during that wait must count as received.
+    let known = rt.inflight.ids();
     let orphans: Vec<Transition> = sqlx::query_as(
         "UPDATE fairlane_job j SET \
              state = CASE WHEN (j.metadata ->> 'cancel_attempted_at') IS NOT NULL THEN 'cancelled' \
