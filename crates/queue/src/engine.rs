@@ -255,16 +255,29 @@ impl Engine {
 
         let executors = TaskTracker::new();
         let mut producers = tokio::task::JoinSet::new();
+        // The caller's shutdown, or the engine's own when its completer has stopped.
+        let stop = shutdown.child_token();
         for q in &queues {
-            producers.spawn(Arc::clone(q).run(
-                Arc::clone(&rt),
-                executors.clone(),
-                shutdown.clone(),
-            ));
+            producers.spawn(Arc::clone(q).run(Arc::clone(&rt), executors.clone(), stop.clone()));
         }
         tracing::info!(worker_id = %self.worker_id, queues = ?queue_names, "queue engine started");
 
-        shutdown.cancelled().await;
+        let mut completer = completer;
+        // A completer that ends before shutdown (a hook panicked in it) can no longer save any
+        // run's end. Fetching on would only pile up `running` jobs; the engine stops instead and
+        // reports it, so that the process is restarted and the rescuer hands those jobs back.
+        let mut completer_stopped = false;
+        tokio::select! {
+            () = shutdown.cancelled() => {}
+            _ = &mut completer => {
+                completer_stopped = true;
+                tracing::error!(
+                    running = inflight.len(),
+                    "the completer stopped; shutting the engine down, its running jobs will be rescued"
+                );
+            }
+        }
+        stop.cancel();
         tracing::info!(
             running = inflight.len(),
             "shutting down: no new jobs will be fetched"
@@ -293,18 +306,22 @@ impl Engine {
         background.cancel();
         while tasks.join_next().await.is_some() {}
         drop(rt);
-        let mut completer = completer;
-        if tokio::time::timeout(Duration::from_secs(10), &mut completer)
-            .await
-            .is_err()
+        if !completer_stopped
+            && tokio::time::timeout(Duration::from_secs(10), &mut completer)
+                .await
+                .is_err()
         {
             abandon.cancel();
             let _ = completer.await;
         }
+        // Deregistered, this process's `running` jobs are the rescuer's at its next pass.
         if let Err(e) = heartbeat::deregister(&pool, &self.worker_id).await {
             tracing::warn!(error = %e, "could not deregister worker; it will be reaped as stale");
         }
         tracing::info!(worker_id = %self.worker_id, "queue engine stopped");
+        if completer_stopped {
+            return Err(QueueError::CompleterStopped);
+        }
         Ok(())
     }
 }

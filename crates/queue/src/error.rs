@@ -19,6 +19,10 @@ pub enum QueueError {
     Hook(#[source] BoxError),
     #[error("the fetch gate failed: {0}")]
     Gate(#[source] BoxError),
+    #[error(
+        "the engine's completer stopped (a transition hook panicked); the engine stopped, and its running jobs are left to the rescuer"
+    )]
+    CompleterStopped,
 }
 
 /// A boxed error from an extension (hook, gate, handler).

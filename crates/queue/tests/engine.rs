@@ -696,6 +696,52 @@ async fn a_cancel_requested_for_a_job_whose_fetch_reply_was_lost_is_kept() {
     engine.stop().await;
 }
 
+/// A transition hook that panics.
+struct PanickingHook;
+
+#[async_trait::async_trait]
+impl queue::TransitionHook for PanickingHook {
+    async fn on_transitions(
+        &self,
+        _conn: &mut sqlx::PgConnection,
+        _transitions: &[queue::Transition],
+    ) -> Result<(), queue::BoxError> {
+        panic!("hook exploded");
+    }
+}
+
+/// A completer that stops while the engine runs (here: a hook panicked while a completion was
+/// saved) can save no run's end. The engine then stops on its own and says so, instead of
+/// fetching on into jobs that stay `running`; it deregisters, so the rescuer takes them.
+#[tokio::test]
+async fn an_engine_whose_completer_stopped_stops_and_says_so() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone()).with_hooks(vec![Arc::new(PanickingHook)]);
+    let mut workers = Workers::new();
+    workers.register_fn::<Tag, _, _>(|_, _| async { Ok(()) });
+    let job = client
+        .insert(NewJob::new(q("q"), &Tag { n: 1 }).unwrap())
+        .await
+        .unwrap()
+        .job;
+    let engine = start(&client, fast_config(), &[("q", 2)], workers);
+    let ended = tokio::time::timeout(Duration::from_secs(30), engine.handle)
+        .await
+        .expect("the engine stops on its own")
+        .expect("engine task panicked");
+    assert!(
+        matches!(ended, Err(queue::QueueError::CompleterStopped)),
+        "{ended:?}"
+    );
+    let workers_left: i64 = sqlx::query_scalar("SELECT count(*) FROM fairlane_worker")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(workers_left, 0, "deregistered");
+    let stuck = client.job(job.id).await.unwrap().unwrap();
+    assert_eq!(stuck.state, JobState::Running, "left for the rescuer");
+}
+
 #[tokio::test]
 async fn lost_database_connections_lose_and_double_nothing() {
     let db = TestDb::new().await;
