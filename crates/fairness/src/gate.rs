@@ -28,12 +28,7 @@ impl FairnessGate {
     /// `queues` are all queues of the worker service (a user's limit spans them).
     pub fn new(service: impl Into<String>, queues: &[QueueName], config: FairnessConfig) -> Self {
         let service = service.into();
-        let tier_limits = store::TierLimits {
-            free: i64::from(config.limit(Tier::Free)),
-            pro: i64::from(config.limit(Tier::Pro)),
-            pro_plus: i64::from(config.limit(Tier::ProPlus)),
-            enterprise: i64::from(config.limit(Tier::Enterprise)),
-        };
+        let tier_limits = store::TierLimits::from_config(&config);
         FairnessGate {
             service,
             queues: queues.iter().map(ToString::to_string).collect(),

@@ -20,6 +20,48 @@ pub struct TierLimits {
     pub enterprise: i64,
 }
 
+impl TierLimits {
+    /// The limits `config` sets.
+    pub fn from_config(config: &crate::FairnessConfig) -> TierLimits {
+        TierLimits {
+            free: i64::from(config.limit(Tier::Free)),
+            pro: i64::from(config.limit(Tier::Pro)),
+            pro_plus: i64::from(config.limit(Tier::ProPlus)),
+            enterprise: i64::from(config.limit(Tier::Enterprise)),
+        }
+    }
+}
+
+/// Users whose running jobs in the service's queues (`$1`) fill their tier's limit (`$2..$5`:
+/// free, pro, pro plus, enterprise), with that tier. Shared by the gate's candidate selection
+/// and the waiting count; tiers are read from the paid users only (ADR 0015).
+macro_rules! full_users_ctes {
+    ($queues:literal, $free:literal, $pro:literal, $pro_plus:literal, $enterprise:literal) => {
+        concat!(
+            "running AS (
+    SELECT user_id, count(*) AS n FROM fairlane_job
+    WHERE state = 'running' AND user_id IS NOT NULL AND queue = ANY(",
+            $queues,
+            ")
+    GROUP BY user_id
+), full_users AS (
+    SELECT r.user_id, coalesce(u.tier::text, 'free') AS tier
+    FROM running r LEFT JOIN users u ON u.id = r.user_id AND u.tier <> 'free'
+    WHERE r.n >= CASE u.tier WHEN 'pro' THEN ",
+            $pro,
+            " WHEN 'pro_plus' THEN ",
+            $pro_plus,
+            "
+                             WHEN 'enterprise' THEN ",
+            $enterprise,
+            " ELSE ",
+            $free,
+            " END
+)"
+        )
+    };
+}
+
 /// Candidate selection for the gate, in one statement:
 ///
 /// - `full_users`: users whose running jobs in the service's queues already fill their tier's
@@ -37,16 +79,11 @@ pub struct TierLimits {
 ///
 /// `$1` queue, `$2` the service's queues, `$3..$6` limits (free, pro, pro plus, enterprise),
 /// `$7` how many, `$8` the service name (lock namespace).
-const CANDIDATES_SQL: &str = "
-WITH running AS (
-    SELECT user_id, count(*) AS n FROM fairlane_job
-    WHERE state = 'running' AND user_id IS NOT NULL AND queue = ANY($2)
-    GROUP BY user_id
-), full_users AS (
-    SELECT r.user_id FROM running r LEFT JOIN users u ON u.id = r.user_id AND u.tier <> 'free'
-    WHERE r.n >= CASE u.tier WHEN 'pro' THEN $4 WHEN 'pro_plus' THEN $5
-                             WHEN 'enterprise' THEN $6 ELSE $3 END
-)
+const CANDIDATES_SQL: &str = concat!(
+    "
+WITH ",
+    full_users_ctes!("$2", "$3", "$4", "$5", "$6"),
+    "
 SELECT j.id, j.user_id FROM fairlane_job j
 WHERE j.state = 'available' AND j.queue = $1
   AND (j.user_id IS NULL OR (
@@ -55,7 +92,40 @@ WHERE j.state = 'available' AND j.queue = $1
               hashtextextended('fairlane-fairness:' || $8 || ':' || j.user_id::text, 0))))
 ORDER BY j.priority, j.scheduled_at, j.id
 LIMIT $7
-FOR UPDATE OF j SKIP LOCKED";
+FOR UPDATE OF j SKIP LOCKED"
+);
+
+/// Available jobs of `queues` whose user is at the tier's limit, by queue and tier: what the
+/// gate holds back right now.
+const WAITING_SQL: &str = concat!(
+    "
+WITH ",
+    full_users_ctes!("$1", "$2", "$3", "$4", "$5"),
+    "
+SELECT j.queue::text, f.tier, count(*) FROM fairlane_job j JOIN full_users f USING (user_id)
+WHERE j.state = 'available' AND j.queue = ANY($1)
+GROUP BY j.queue, f.tier"
+);
+
+/// Available jobs held back by the limits, per queue of `queues` and tier ([`WAITING_SQL`]).
+pub async fn waiting_at_limit(
+    conn: &mut PgConnection,
+    queues: &[String],
+    limits: &TierLimits,
+) -> Result<Vec<(String, Tier, i64)>, FairnessError> {
+    let rows: Vec<(String, String, i64)> = sqlx::query_as(WAITING_SQL)
+        .bind(queues)
+        .bind(limits.free)
+        .bind(limits.pro)
+        .bind(limits.pro_plus)
+        .bind(limits.enterprise)
+        .fetch_all(&mut *conn)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(queue, tier, n)| (queue, Tier::resolve(Some(&tier)), n))
+        .collect())
+}
 
 /// Locks up to `limit` candidates of `queue` (see [`CANDIDATES_SQL`]).
 pub async fn lock_candidates(
@@ -182,9 +252,9 @@ mod tests {
     use testkit::TestDb;
     use testkit::plan::plan_nodes;
 
-    /// With many more free users than paid ones, both gate statements read tiers through
-    /// `users_paid` only (ADR 0015): a look-up by primary key or a scan of `users` would cost
-    /// every running or candidate user a visit, however many users are free.
+    /// With many more free users than paid ones, the gate's statements and the waiting count
+    /// read tiers through `users_paid` only (ADR 0015): a look-up by primary key or a scan of
+    /// `users` would cost every running or candidate user a visit, however many users are free.
     #[tokio::test]
     async fn the_gate_statements_read_tiers_from_the_paid_users_index_only() {
         let db = TestDb::new().await;
@@ -238,8 +308,24 @@ mod tests {
         .await
         .unwrap();
         tx.rollback().await.unwrap();
+        // The waiting count runs on its own, outside any fetch transaction.
+        let waiting: Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "EXPLAIN (FORMAT JSON) {WAITING_SQL}"
+        )))
+        .bind(&queues)
+        .bind(1_i64)
+        .bind(3_i64)
+        .bind(3_i64)
+        .bind(5_i64)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
 
-        for (name, explained) in [("candidates", candidates), ("counts", counts)] {
+        for (name, explained) in [
+            ("candidates", candidates),
+            ("counts", counts),
+            ("waiting", waiting),
+        ] {
             // The index each node that reads `users` uses (`None` for a sequential scan).
             let reads: Vec<Option<&str>> = plan_nodes(&explained)
                 .into_iter()

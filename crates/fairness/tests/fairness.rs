@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::needless_pass_by_value)]
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -544,4 +545,27 @@ async fn the_gate_reads_every_tier_from_the_paid_users_and_counts_the_rest_as_fr
             "count and tier of {user}"
         );
     }
+
+    // The jobs the gate holds back, as `fairlane_fairness_waiting` reports them: the waiting
+    // job of each full user, under the tier the gate sees, in its queue; nothing else.
+    let gauge = fairness::WaitingGauge::register(Service::Analysis.as_str(), &queues);
+    gauge.refresh(&h.db.pool, &limits).await.unwrap();
+    let waiting = gauge.current();
+    let mut expected: BTreeMap<(String, Tier), i64> = BTreeMap::new();
+    for &(_, tier, n, limit) in &users {
+        if n >= limit {
+            *expected
+                .entry((Harness::queue(Lane::Default).to_string(), tier))
+                .or_insert(0) += 1;
+        }
+    }
+    assert_eq!(
+        expected.values().sum::<i64>(),
+        6,
+        "two free users beyond the tiers' own"
+    );
+    for (key, n) in &waiting {
+        assert_eq!(*n, expected.get(key).copied().unwrap_or(0), "{key:?}");
+    }
+    assert_eq!(waiting.len(), queues.len() * Tier::ALL.len());
 }

@@ -634,6 +634,12 @@ mod tests {
                 "fairlane_fairness_running",
             ),
             (
+                "fairlane.fairness.waiting",
+                "{job}",
+                Gauge,
+                "fairlane_fairness_waiting",
+            ),
+            (
                 "fairlane.quota.rejections",
                 "",
                 Counter,

@@ -14,7 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Lane, Service};
-use fairness::{FairnessGate, FairnessHook, FairnessMiddleware, TierCache};
+use fairness::store::TierLimits;
+use fairness::waiting::WAITING_INTERVAL;
+use fairness::{FairnessGate, FairnessHook, FairnessMiddleware, TierCache, WaitingGauge};
 use queue::{Client, Engine, TransitionHook, Workers};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -100,6 +102,17 @@ async fn run_engine(
     let mut hooks: Vec<Arc<dyn TransitionHook>> = vec![Arc::new(FairnessHook::new(&queues))];
     hooks.extend(spec.hooks);
     let client = Client::new(pool.clone()).with_hooks(hooks);
+    // Jobs held back by the limits, counted fleet-wide (`fairlane_fairness_waiting`).
+    let waiting_done = CancellationToken::new();
+    let waiting = config.fairness.fairness_enabled.then(|| {
+        let names: Vec<String> = queues.iter().map(ToString::to_string).collect();
+        tokio::spawn(WaitingGauge::register(spec.service.as_str(), &names).run(
+            pool.clone(),
+            TierLimits::from_config(&config.fairness),
+            WAITING_INTERVAL,
+            waiting_done.clone(),
+        ))
+    });
     let mut builder = Engine::builder(client)
         .name(spec.name)
         .config(engine_config)
@@ -132,7 +145,12 @@ async fn run_engine(
         gate = config.fairness.fairness_fetch_gate,
         "worker service starting"
     );
-    engine.run(shutdown).await?;
+    let ran = engine.run(shutdown).await;
+    waiting_done.cancel();
+    if let Some(waiting) = waiting {
+        let _ = waiting.await;
+    }
+    ran?;
     Ok(())
 }
 
