@@ -25,7 +25,7 @@ pub async fn observe(State(state): State<AppState>, req: Request, next: Next) ->
         .get::<MatchedPath>()
         .map_or("unmatched", |m| m.as_str())
         .to_owned();
-    let method = req.method().as_str().to_owned();
+    let method = method_label(req.method());
     // OpenTelemetry HTTP server conventions: a server span named "{method} {route}".
     let span = tracing::info_span!(
         "http.request",
@@ -56,6 +56,25 @@ pub async fn observe(State(state): State<AppState>, req: Request, next: Next) ->
         ],
     );
     response
+}
+
+/// The request's method as a metric label and span name: one of the standard methods, or
+/// `_OTHER` (OpenTelemetry's HTTP conventions). hyper accepts any token as a method, so the raw
+/// one would let a client mint label sets until the SDK's cardinality limit folds every later
+/// series, the real 5xx ones included, into one overflow series.
+fn method_label(method: &http::Method) -> &'static str {
+    match method.as_str() {
+        "GET" => "GET",
+        "HEAD" => "HEAD",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "DELETE" => "DELETE",
+        "CONNECT" => "CONNECT",
+        "OPTIONS" => "OPTIONS",
+        "TRACE" => "TRACE",
+        "PATCH" => "PATCH",
+        _ => "_OTHER",
+    }
 }
 
 /// Answers 503 `timeout` when the handler takes longer than `limit`; the handler's future is

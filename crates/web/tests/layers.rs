@@ -1,5 +1,6 @@
 //! The layers every request goes through ([`web::with_layers`]), around routes of the tests' own:
-//! a handler that panics answers a 500 problem and is measured like every other response (with
+//! a handler that panics answers a 500 problem and is measured like every other response, a
+//! made-up method is measured as `_OTHER` (with
 //! the global meter provider of `telemetry::init`, once per process: only the panic test calls
 //! it), and a handler that runs out of time answers 503 `timeout`, or
 //! `timeout_outcome_unknown` if it was dropped while its writes were being committed.
@@ -42,12 +43,30 @@ async fn a_panicking_handler_answers_500_and_is_counted_in_the_request_metric() 
         "{body}"
     );
 
+    // A method of the client's own making is measured as `_OTHER`: clients cannot mint series.
+    for made_up in ["FOO123", "FOO124"] {
+        http.send(
+            Method::from_bytes(made_up.as_bytes()).unwrap(),
+            "/boom",
+            &[],
+            None,
+        )
+        .await
+        .problem(405, "method_not_allowed");
+    }
+
     let expected = "http_server_request_duration_seconds_count{method=\"GET\",route=\"/boom\",status=\"500\"} 1";
     let text = telemetry::render_prometheus();
     assert!(
         text.lines().any(|line| line == expected),
         "missing {expected:?} in\n{text}"
     );
+    let other = "http_server_request_duration_seconds_count{method=\"_OTHER\",route=\"/boom\",status=\"405\"} 2";
+    assert!(
+        text.lines().any(|line| line == other),
+        "missing {other:?} in\n{text}"
+    );
+    assert!(!text.contains("FOO12"), "{text}");
     server.abort();
 }
 
