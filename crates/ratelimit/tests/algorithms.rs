@@ -212,6 +212,40 @@ fn leaky_bucket_meter_decides_like_the_token_bucket() {
     assert_eq!(a, b);
 }
 
+/// Limits lowered by a rules reload, as (requests_per_unit, burst) before and after: the rate
+/// and capacity together, and a bucket's burst alone.
+const LOWERED: [((u64, u64), (u64, u64)); 2] = [((10, 10), (3, 3)), ((10, 10), (10, 3))];
+
+#[test]
+fn a_limit_lowered_by_a_reload_refuses_with_nothing_remaining() {
+    // A reload keeps each key's state, so a count or level built under the old limit can exceed
+    // the new one. The key is refused, says nothing remains, and retry_after stays exact.
+    for algorithm in Algorithm::ALL {
+        for ((n0, b0), (n1, b1)) in LOWERED {
+            if n0 == n1 && !algorithm.has_burst() {
+                continue;
+            }
+            let before = Policy::new(algorithm, Unit::Minute, n0).with_burst(b0);
+            let after = Policy::new(algorithm, Unit::Minute, n1).with_burst(b1);
+            let mut state = CounterState::fresh(algorithm);
+            for i in 0..n0 {
+                assert!(run(&before, &mut state, T0 + i).allowed, "{algorithm}");
+            }
+            let t = T0 + 100;
+            let snapshot = state.clone();
+            let v = run(&after, &mut state, t);
+            assert!(!v.allowed, "{algorithm} {after:?}");
+            assert_eq!(v.remaining, 0, "{algorithm} {after:?}");
+            let mut probe = snapshot.clone();
+            let early = run(&after, &mut probe, t + v.retry_after_us - 1);
+            assert!(!early.allowed, "{algorithm}: passes before retry_after");
+            let mut probe = snapshot;
+            let on_time = run(&after, &mut probe, t + v.retry_after_us);
+            assert!(on_time.allowed, "{algorithm}: retry_after too early");
+        }
+    }
+}
+
 #[test]
 fn sliding_window_stays_within_its_documented_bound() {
     // Documented bound: in any window (t - W, t], with t at e µs into its aligned window and p

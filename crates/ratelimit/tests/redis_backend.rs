@@ -132,6 +132,40 @@ async fn leaky_bucket_script_matches_definition() {
     script_matches_definition(Algorithm::LeakyBucket, 20, 8).await;
 }
 
+/// A rules reload keeps each key's state, so a key filled under a larger limit is then decided
+/// under a smaller one (the rate and capacity together, or a bucket's burst alone): the script
+/// must decide exactly as the pure algorithm does, refusing with nothing remaining.
+#[tokio::test]
+async fn a_lowered_limit_decides_alike_in_both_backends() {
+    const LOWERED: [((u64, u64), (u64, u64)); 2] = [((10, 10), (3, 3)), ((10, 10), (10, 3))];
+    let backend = backend("lowered").await;
+    for algorithm in Algorithm::ALL {
+        for (case, ((n0, b0), (n1, b1))) in LOWERED.into_iter().enumerate() {
+            if n0 == n1 && !algorithm.has_burst() {
+                continue;
+            }
+            // An hour's unit: the trace takes milliseconds, so no window ends during it.
+            let before = Policy::new(algorithm, Unit::Hour, n0).with_burst(b0);
+            let after = Policy::new(algorithm, Unit::Hour, n1).with_burst(b1);
+            let key = format!("{{lowered}}:{}:{case}", algorithm.key_tag());
+            let mut trace = Vec::new();
+            for policy in std::iter::repeat_n(before, 10).chain(std::iter::repeat_n(after, 3)) {
+                let d = backend.decide(&key, &policy).await.expect("decision");
+                trace.push((policy, d));
+            }
+            let mut state = CounterState::fresh(algorithm);
+            for (i, (policy, d)) in trace.iter().enumerate() {
+                let expected = decide(policy, &mut state, d.clock_us);
+                assert_eq!(d.verdict, expected, "{algorithm} case {case}: request {i}");
+            }
+            for (_, d) in &trace[10..] {
+                assert!(!d.verdict.allowed, "{algorithm} case {case}");
+                assert_eq!(d.verdict.remaining, 0, "{algorithm} case {case}");
+            }
+        }
+    }
+}
+
 #[tokio::test]
 async fn fixed_window_resets_at_the_server_boundary() {
     let backend = backend("fw-boundary").await;

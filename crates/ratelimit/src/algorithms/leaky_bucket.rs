@@ -32,7 +32,8 @@ pub fn decide(n: u64, w: u64, burst: u64, state: &mut LeakyBucketState, now: u64
     let level = state.level_scaled;
     Verdict {
         allowed,
-        remaining: (capacity - level) / w,
+        // A rules reload that lowers the capacity can leave the level above it: nothing fits.
+        remaining: capacity.saturating_sub(level) / w,
         reset_us: div_ceil(level, n),
         retry_after_us: if allowed {
             0

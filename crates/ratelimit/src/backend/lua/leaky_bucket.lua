@@ -16,7 +16,9 @@ if level + w <= cap then
 end
 redis.call('HSET', key, 'lv', level, 'ts', at)
 local skew = at - now
+-- a rules reload that lowered the capacity can leave the level above it
 local remaining = math.floor((cap - level) / w)
+if remaining < 0 then remaining = 0 end
 local reset = skew + math.ceil(level / n)
 local retry = 0
 if allowed == 0 then retry = skew + math.ceil((level + w - cap) / n) end
