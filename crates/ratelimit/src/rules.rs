@@ -547,6 +547,19 @@ impl Compiler<'_> {
                     if r.name.trim().is_empty() {
                         return Err(self.error(&rpath, "`name` must not be empty"));
                     }
+                    // Matching drops every rule named in a `replaces`, so a rule naming itself
+                    // would never apply. Envoy refuses it too ("replaces should not contain
+                    // name of same descriptor").
+                    if rate_limit.name.as_deref() == Some(r.name.as_str()) {
+                        return Err(self.error(
+                            &rpath,
+                            &format!(
+                                "`replaces` names `{}`, this rate_limit's own `name`: a rule \
+                                 cannot replace itself (it would never apply)",
+                                r.name
+                            ),
+                        ));
+                    }
                     self.replace_refs.push((r.name.clone(), rpath));
                     replaces.push(r.name.clone());
                 }

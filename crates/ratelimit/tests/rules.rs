@@ -438,6 +438,39 @@ fn descriptor_mistakes_are_refused() {
 }
 
 #[test]
+fn a_rule_replacing_itself_is_refused() {
+    // Matching drops every rule a `replaces` names, so this rule would never apply; Envoy refuses
+    // it as well.
+    let m = refused(
+        r#"domain: d
+descriptors:
+  - key: user_id
+    rate_limit:
+      unit: second
+      requests_per_unit: 1
+      name: mine
+      replaces:
+        - name: other
+        - name: mine
+  - key: tier
+    rate_limit:
+      unit: second
+      requests_per_unit: 1
+      name: other
+"#,
+    );
+    assert_mentions(
+        &m,
+        &[
+            "descriptors[0].rate_limit.replaces[1].name",
+            "`replaces` names `mine`, this rate_limit's own `name`",
+            "cannot replace itself",
+            "line 10",
+        ],
+    );
+}
+
+#[test]
 fn broken_yaml_and_empty_files_are_refused() {
     let m = refused("domain: d\ndescriptors:\n  - key: user_id\n   rate_limit: {\n");
     assert_mentions(&m, &["line"]);
