@@ -246,6 +246,50 @@ fn a_limit_lowered_by_a_reload_refuses_with_nothing_remaining() {
     }
 }
 
+/// The algorithms checked against a clock that steps back.
+const STEPPED_BACK: [Algorithm; 2] = [Algorithm::FixedWindow, Algorithm::SlidingWindow];
+
+#[test]
+fn a_clock_stepped_back_across_a_window_boundary_keeps_the_count() {
+    // A wall clock stepped back (NTP) must not reopen a filled key: a key's time never goes
+    // backwards. reset and retry_after are measured from the stepped-back clock and stay exact.
+    for algorithm in STEPPED_BACK {
+        let policy = Policy::new(algorithm, Unit::Second, 3).with_burst(3);
+        let mut state = CounterState::fresh(algorithm);
+        for i in 0..3 {
+            assert!(run(&policy, &mut state, T0 + SEC + 10 + i).allowed);
+        }
+        // Back across one boundary, just and by most of a window, and across two.
+        for back in [T0 + SEC - 10, T0 + 1, T0 - SEC / 2] {
+            let mut stepped = state.clone();
+            let v = run(&policy, &mut stepped, back);
+            assert!(!v.allowed, "{algorithm}: reopened at {back}");
+            assert_eq!(v.remaining, 0, "{algorithm} at {back}");
+            let mut probe = state.clone();
+            let early = run(&policy, &mut probe, back + v.retry_after_us - 1);
+            assert!(
+                !early.allowed,
+                "{algorithm} at {back}: passes before retry_after"
+            );
+            let mut probe = state.clone();
+            let on_time = run(&policy, &mut probe, back + v.retry_after_us);
+            assert!(
+                on_time.allowed,
+                "{algorithm} at {back}: retry_after too early"
+            );
+            let at = back + v.reset_us;
+            let mut fresh = CounterState::fresh(algorithm);
+            let a: Vec<bool> = (0..6)
+                .map(|i| run(&policy, &mut stepped, at + i).allowed)
+                .collect();
+            let b: Vec<bool> = (0..6)
+                .map(|i| run(&policy, &mut fresh, at + i).allowed)
+                .collect();
+            assert_eq!(a, b, "{algorithm} at {back}: not fresh at reset");
+        }
+    }
+}
+
 #[test]
 fn sliding_window_stays_within_its_documented_bound() {
     // Documented bound: in any window (t - W, t], with t at e µs into its aligned window and p

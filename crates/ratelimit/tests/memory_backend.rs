@@ -89,6 +89,25 @@ fn an_expired_entry_counts_as_fresh() {
 }
 
 #[test]
+fn a_clock_stepped_back_across_a_window_boundary_keeps_the_count() {
+    for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingWindow] {
+        let clock = Arc::new(ManualClock::new(T0 + SEC + 10));
+        let backend = backend(100, &clock);
+        let policy = Policy::new(algorithm, Unit::Second, 2);
+        assert!(backend.decide_now("k", &policy).verdict.allowed);
+        assert!(backend.decide_now("k", &policy).verdict.allowed);
+        // The wall clock steps back 20 µs, into the previous window.
+        clock.set(T0 + SEC - 10);
+        let d = backend.decide_now("k", &policy);
+        assert!(
+            !d.verdict.allowed,
+            "{algorithm}: the filled window reopened"
+        );
+        assert_eq!(d.verdict.remaining, 0, "{algorithm}");
+    }
+}
+
+#[test]
 fn concurrent_threads_never_exceed_the_limit() {
     for algorithm in Algorithm::ALL {
         let clock = Arc::new(ManualClock::new(T0 + 123));

@@ -166,6 +166,82 @@ async fn a_lowered_limit_decides_alike_in_both_backends() {
     }
 }
 
+/// Write `state` into Redis at `key` as the scripts store it (with a TTL, should the test stop
+/// before a script sets one).
+async fn store_state(
+    conn: &mut redis::aio::MultiplexedConnection,
+    key: &str,
+    state: &CounterState,
+) {
+    let mut pipe = redis::pipe();
+    pipe.atomic().del(key);
+    match state {
+        CounterState::FixedWindow(s) => {
+            pipe.hset_multiple(key, &[("w", s.window), ("c", s.count)]);
+        }
+        CounterState::SlidingWindow(s) => {
+            pipe.hset_multiple(key, &[("w", s.window), ("c", s.current), ("p", s.previous)]);
+        }
+        CounterState::TokenBucket(s) => {
+            pipe.hset_multiple(key, &[("tk", s.tokens_scaled), ("ts", s.updated_us)]);
+        }
+        CounterState::LeakyBucket(s) => {
+            pipe.hset_multiple(key, &[("lv", s.level_scaled), ("ts", s.updated_us)]);
+        }
+        CounterState::SlidingLog(s) => {
+            for (i, t) in s.log.iter().enumerate() {
+                pipe.zadd(key, format!("stored-{i}"), *t);
+            }
+        }
+    }
+    pipe.pexpire(key, 60_000);
+    let () = pipe.query_async(conn).await.expect("store state");
+}
+
+/// The algorithms checked against a clock that steps back.
+const STEPPED_BACK: [Algorithm; 2] = [Algorithm::FixedWindow, Algorithm::SlidingWindow];
+
+/// A wall clock can step back (NTP) after a key's state was written. Redis's `TIME` cannot be
+/// moved, so the state is filled by the pure algorithm two windows ahead of this machine's
+/// clock and stored: the script must keep refusing the filled key, and decide exactly as the
+/// pure algorithm does from the same state at the same server times.
+#[tokio::test]
+async fn a_clock_stepped_back_decides_alike_in_both_backends() {
+    let backend = backend("stepped-back").await;
+    let client = redis::Client::open(redis_url()).expect("url");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect");
+    for algorithm in STEPPED_BACK {
+        let policy = Policy::new(algorithm, Unit::Second, 3).with_burst(3);
+        let local_now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock after epoch")
+            .as_micros();
+        let ahead = (u64::try_from(local_now).expect("fits") / W + 2) * W + 10;
+        let mut state = CounterState::fresh(algorithm);
+        for i in 0..3 {
+            assert!(decide(&policy, &mut state, ahead + i).allowed);
+        }
+        let key = format!("{{stepped-back}}:{}", algorithm.key_tag());
+        store_state(&mut conn, &backend.redis_key(&key), &state).await;
+        for i in 0..3 {
+            let d = backend.decide(&key, &policy).await.expect("decision");
+            assert!(
+                d.clock_us / W < ahead / W,
+                "Redis's clock is not behind the stored state (is it on another host?)"
+            );
+            assert!(
+                !d.verdict.allowed,
+                "{algorithm}: request {i} reopened the key"
+            );
+            let expected = decide(&policy, &mut state, d.clock_us);
+            assert_eq!(d.verdict, expected, "{algorithm}: request {i}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn fixed_window_resets_at_the_server_boundary() {
     let backend = backend("fw-boundary").await;

@@ -15,8 +15,12 @@ pub struct FixedWindowState {
 }
 
 /// Allow if fewer than `n` requests passed in the current aligned window of length `w`.
+///
+/// A clock that stepped back into an older window stays in the stored one (its count is kept),
+/// as the other algorithms never let a key's time go backwards; `reset_us` and `retry_after_us`
+/// are still measured from `now`, so they include the step.
 pub fn decide(n: u64, w: u64, state: &mut FixedWindowState, now: u64) -> Verdict {
-    let window = now / w;
+    let window = (now / w).max(state.window);
     if state.window != window {
         state.window = window;
         state.count = 0;

@@ -24,8 +24,13 @@ pub struct SlidingWindowState {
 }
 
 /// Allow if the weighted estimate plus this request stays within `n` per `w`.
+///
+/// A clock that stepped back into an older window stays in the stored one, at its start (the
+/// latest time the state is known to be at or after, and the most conservative weighting of
+/// the previous window); `reset_us` and `retry_after_us` are still measured from `now`, so
+/// they include the step.
 pub fn decide(n: u64, w: u64, state: &mut SlidingWindowState, now: u64) -> Verdict {
-    let window = now / w;
+    let window = (now / w).max(state.window);
     if window != state.window {
         state.previous = if window == state.window + 1 {
             state.current
@@ -36,7 +41,8 @@ pub fn decide(n: u64, w: u64, state: &mut SlidingWindowState, now: u64) -> Verdi
         state.window = window;
     }
     let window_start = window * w;
-    let elapsed = now - window_start;
+    let at = now.max(window_start);
+    let elapsed = at - window_start;
     let prev = u128::from(state.previous);
     let scaled_weighted_prev = prev * u128::from(w - elapsed);
     let cur = u128::from(state.current);
@@ -58,7 +64,7 @@ pub fn decide(n: u64, w: u64, state: &mut SlidingWindowState, now: u64) -> Verdi
     let retry_after_us = if allowed {
         0
     } else {
-        retry_after(n, w, state, elapsed)
+        (at - now) + retry_after(n, w, state, elapsed)
     };
     Verdict {
         allowed,

@@ -1,10 +1,12 @@
 -- Sliding window counter: current and previous aligned window counts; the previous one is
 -- weighted by the overlap. Integer arithmetic scaled by W, as in the Rust version.
+-- A clock that stepped back into an older window stays in the stored one, at its start.
 local idx = math.floor(sec / wsec)
 local st = redis.call('HMGET', key, 'w', 'c', 'p')
 local cur, prev = 0, 0
 if st[1] then
   local sidx = tonumber(st[1])
+  if sidx > idx then idx = sidx end
   if sidx == idx then
     cur = tonumber(st[2])
     prev = tonumber(st[3])
@@ -13,7 +15,10 @@ if st[1] then
   end
 end
 local wstart = idx * w
-local elapsed = now - wstart
+local at = now
+if at < wstart then at = wstart end
+local skew = at - now
+local elapsed = at - wstart
 local weighted = prev * (w - elapsed)
 local allowed = 0
 if weighted + (cur + 1) * w <= n * w then
@@ -40,5 +45,6 @@ if allowed == 0 then
     if c < 1 then c = 1 end
     retry = (w - elapsed) + w - math.min(math.floor((n - 1) * w / c), w)
   end
+  retry = skew + retry
 end
 return finish(allowed, remaining, reset, retry)
