@@ -198,13 +198,11 @@ async fn store_state(
     let () = pipe.query_async(conn).await.expect("store state");
 }
 
-/// The algorithms checked against a clock that steps back.
-const STEPPED_BACK: [Algorithm; 2] = [Algorithm::FixedWindow, Algorithm::SlidingWindow];
-
 /// A wall clock can step back (NTP) after a key's state was written. Redis's `TIME` cannot be
-/// moved, so the state is filled by the pure algorithm two windows ahead of this machine's
-/// clock and stored: the script must keep refusing the filled key, and decide exactly as the
-/// pure algorithm does from the same state at the same server times.
+/// moved, so the state is built by the pure algorithm two windows ahead of this machine's clock
+/// and stored: the script must keep refusing a filled key, and decide exactly as the pure
+/// algorithm does from the same state at the same server times, for a filled key and for one
+/// with room left (whose allowed requests are recorded at the stored time).
 #[tokio::test]
 async fn a_clock_stepped_back_decides_alike_in_both_backends() {
     let backend = backend("stepped-back").await;
@@ -213,31 +211,34 @@ async fn a_clock_stepped_back_decides_alike_in_both_backends() {
         .get_multiplexed_async_connection()
         .await
         .expect("connect");
-    for algorithm in STEPPED_BACK {
-        let policy = Policy::new(algorithm, Unit::Second, 3).with_burst(3);
-        let local_now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock after epoch")
-            .as_micros();
-        let ahead = (u64::try_from(local_now).expect("fits") / W + 2) * W + 10;
-        let mut state = CounterState::fresh(algorithm);
-        for i in 0..3 {
-            assert!(decide(&policy, &mut state, ahead + i).allowed);
-        }
-        let key = format!("{{stepped-back}}:{}", algorithm.key_tag());
-        store_state(&mut conn, &backend.redis_key(&key), &state).await;
-        for i in 0..3 {
-            let d = backend.decide(&key, &policy).await.expect("decision");
-            assert!(
-                d.clock_us / W < ahead / W,
-                "Redis's clock is not behind the stored state (is it on another host?)"
-            );
-            assert!(
-                !d.verdict.allowed,
-                "{algorithm}: request {i} reopened the key"
-            );
-            let expected = decide(&policy, &mut state, d.clock_us);
-            assert_eq!(d.verdict, expected, "{algorithm}: request {i}");
+    for algorithm in Algorithm::ALL {
+        for used in [3, 1] {
+            let policy = Policy::new(algorithm, Unit::Second, 3).with_burst(3);
+            let local_now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("clock after epoch")
+                .as_micros();
+            let ahead = (u64::try_from(local_now).expect("fits") / W + 2) * W + 10;
+            let mut state = CounterState::fresh(algorithm);
+            for i in 0..used {
+                assert!(decide(&policy, &mut state, ahead + i).allowed);
+            }
+            let key = format!("{{stepped-back}}:{}:{used}", algorithm.key_tag());
+            store_state(&mut conn, &backend.redis_key(&key), &state).await;
+            for i in 0..4 {
+                let d = backend.decide(&key, &policy).await.expect("decision");
+                assert!(
+                    d.clock_us / W < ahead / W,
+                    "Redis's clock is not behind the stored state (is it on another host?)"
+                );
+                let expected = decide(&policy, &mut state, d.clock_us);
+                assert_eq!(d.verdict, expected, "{algorithm}, {used} used: request {i}");
+                assert_eq!(
+                    d.verdict.allowed,
+                    used + i < 3,
+                    "{algorithm}, {used} used: request {i}"
+                );
+            }
         }
     }
 }

@@ -21,10 +21,13 @@ pub struct LeakyBucketState {
 /// Drain, then add one request if it fits.
 pub fn decide(n: u64, w: u64, burst: u64, state: &mut LeakyBucketState, now: u64) -> Verdict {
     let capacity = burst.saturating_mul(w);
-    let now = now.max(state.updated_us);
-    let drained = (now - state.updated_us).saturating_mul(n);
+    // Time never goes backwards for one key (a wall clock may step back): decide at the stored
+    // time. `reset_us` and `retry_after_us` are measured from `now`, so they include the step.
+    let at = now.max(state.updated_us);
+    let skew = at - now;
+    let drained = (at - state.updated_us).saturating_mul(n);
     state.level_scaled = state.level_scaled.saturating_sub(drained);
-    state.updated_us = now;
+    state.updated_us = at;
     let allowed = state.level_scaled + w <= capacity;
     if allowed {
         state.level_scaled += w;
@@ -34,11 +37,11 @@ pub fn decide(n: u64, w: u64, burst: u64, state: &mut LeakyBucketState, now: u64
         allowed,
         // A rules reload that lowers the capacity can leave the level above it: nothing fits.
         remaining: capacity.saturating_sub(level) / w,
-        reset_us: div_ceil(level, n),
+        reset_us: skew + div_ceil(level, n),
         retry_after_us: if allowed {
             0
         } else {
-            div_ceil(level + w - capacity, n)
+            skew + div_ceil(level + w - capacity, n)
         },
     }
 }

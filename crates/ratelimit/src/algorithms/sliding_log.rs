@@ -17,15 +17,16 @@ pub struct SlidingLogState {
 
 /// Allow if fewer than `n` allowed requests happened in `(now - w, now]`.
 pub fn decide(n: u64, w: u64, state: &mut SlidingLogState, now: u64) -> Verdict {
-    // Time never goes backwards for one key (a wall clock may step back a little).
-    let now = state.log.back().map_or(now, |&last| now.max(last));
-    while state.log.front().is_some_and(|&t| t + w <= now) {
+    // Time never goes backwards for one key (a wall clock may step back): decide at the newest
+    // entry's time. `reset_us` and `retry_after_us` are measured from `now` (the step included).
+    let at = state.log.back().map_or(now, |&last| now.max(last));
+    while state.log.front().is_some_and(|&t| t + w <= at) {
         state.log.pop_front();
     }
     let count = state.log.len() as u64;
     let allowed = count < n;
     if allowed {
-        state.log.push_back(now);
+        state.log.push_back(at);
     }
     let count = state.log.len() as u64;
     let reset_us = state.log.back().map_or(0, |&last| last + w - now);

@@ -25,10 +25,13 @@ pub fn decide(n: u64, w: u64, burst: u64, state: &mut TokenBucketState, now: u64
         state.tokens_scaled = capacity;
         state.updated_us = now;
     }
-    let now = now.max(state.updated_us);
-    let refill = (now - state.updated_us).saturating_mul(n);
+    // Time never goes backwards for one key (a wall clock may step back): decide at the stored
+    // time. `reset_us` and `retry_after_us` are measured from `now`, so they include the step.
+    let at = now.max(state.updated_us);
+    let skew = at - now;
+    let refill = (at - state.updated_us).saturating_mul(n);
     state.tokens_scaled = state.tokens_scaled.saturating_add(refill).min(capacity);
-    state.updated_us = now;
+    state.updated_us = at;
     let allowed = state.tokens_scaled >= w;
     if allowed {
         state.tokens_scaled -= w;
@@ -37,7 +40,11 @@ pub fn decide(n: u64, w: u64, burst: u64, state: &mut TokenBucketState, now: u64
     Verdict {
         allowed,
         remaining: tokens / w,
-        reset_us: div_ceil(capacity - tokens, n),
-        retry_after_us: if allowed { 0 } else { div_ceil(w - tokens, n) },
+        reset_us: skew + div_ceil(capacity - tokens, n),
+        retry_after_us: if allowed {
+            0
+        } else {
+            skew + div_ceil(w - tokens, n)
+        },
     }
 }
