@@ -3,14 +3,16 @@
 use std::fmt;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 
 /// Microseconds in one second; every time in this crate is an integer count of microseconds.
 pub const MICROS_PER_SECOND: u64 = 1_000_000;
 
 /// The unit a `requests_per_unit` rate is expressed in (Envoy's `unit`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
-#[serde(rename_all = "lowercase")]
+///
+/// Read in any case: Envoy's ratelimit service upper-cases the configured unit, so its files
+/// may say `MINUTE` or `Minute` as well as `minute`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Unit {
     Second,
     Minute,
@@ -19,6 +21,16 @@ pub enum Unit {
 }
 
 impl Unit {
+    /// Every unit, shortest first.
+    pub const ALL: [Unit; 4] = [Unit::Second, Unit::Minute, Unit::Hour, Unit::Day];
+
+    /// The unit named `name` (`second`, `minute`, `hour` or `day`), in any case.
+    pub fn from_name(name: &str) -> Option<Unit> {
+        Unit::ALL
+            .into_iter()
+            .find(|unit| unit.as_str().eq_ignore_ascii_case(name))
+    }
+
     /// Length of the unit in whole seconds.
     pub const fn seconds(self) -> u64 {
         match self {
@@ -53,6 +65,27 @@ impl Unit {
 impl fmt::Display for Unit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Unit {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct UnitVisitor;
+        impl serde::de::Visitor<'_> for UnitVisitor {
+            type Value = Unit;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a unit: `second`, `minute`, `hour` or `day` (in any case)")
+            }
+            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<Unit, E> {
+                Unit::from_name(name).ok_or_else(|| {
+                    E::custom(format_args!(
+                        "unknown unit `{name}`, expected one of `second`, `minute`, `hour`, \
+                         `day` (in any case)"
+                    ))
+                })
+            }
+        }
+        deserializer.deserialize_str(UnitVisitor)
     }
 }
 
@@ -162,5 +195,22 @@ impl Policy {
         } else {
             self.requests_per_unit
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units_are_named_in_any_case() {
+        for unit in Unit::ALL {
+            assert_eq!(Unit::from_name(unit.as_str()), Some(unit));
+            assert_eq!(Unit::from_name(&unit.as_str().to_uppercase()), Some(unit));
+        }
+        assert_eq!(Unit::from_name("Minute"), Some(Unit::Minute));
+        assert_eq!(Unit::from_name("week"), None);
+        assert_eq!(Unit::from_name("minutes"), None);
+        assert_eq!(Unit::from_name(""), None);
     }
 }

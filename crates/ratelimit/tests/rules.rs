@@ -209,12 +209,50 @@ descriptors:
         &m,
         &[
             "descriptors[1].descriptors[0].rate_limit.unit",
-            "unknown variant `week`",
-            "second",
-            "day",
+            "unknown unit `week`, expected one of `second`, `minute`, `hour`, `day`",
             "line 8",
         ],
     );
+    let m = refused(
+        "domain: d\ndescriptors:\n  - key: user_id\n    rate_limit: {unit: 60, requests_per_unit: 5}\n",
+    );
+    assert_mentions(
+        &m,
+        &[
+            "descriptors[0].rate_limit.unit",
+            "unknown unit `60`",
+            "line 4",
+        ],
+    );
+}
+
+#[test]
+fn units_are_read_in_any_case() {
+    // Envoy's ratelimit service upper-cases the unit, so its files may use any case.
+    for (written, unit) in [
+        ("second", Unit::Second),
+        ("MINUTE", Unit::Minute),
+        ("Minute", Unit::Minute),
+        ("hOUR", Unit::Hour),
+        ("DAY", Unit::Day),
+    ] {
+        let yaml = format!(
+            "domain: d\ndescriptors:\n  - key: user_id\n    rate_limit: {{unit: {written}, requests_per_unit: 5}}\n"
+        );
+        let rules = RuleSet::parse_fairlane(&yaml, "any-case.yaml")
+            .unwrap_or_else(|e| panic!("`unit: {written}` refused: {e}"));
+        assert_eq!(
+            rules.rules()[0].limit,
+            RuleLimit::Limited(Policy::new(Algorithm::FixedWindow, unit, 5)),
+            "{written}"
+        );
+        let matched =
+            rules.match_request(&RateLimitRequest::new().with(DescriptorKey::UserId, "1"));
+        assert_eq!(
+            matched[0].counter_key,
+            format!("{{d|user_id=1}}:fw:{}", unit.seconds())
+        );
+    }
 }
 
 #[test]
