@@ -411,11 +411,23 @@ pub enum UrlError {
         /// Why it counts as internal.
         why: &'static str,
     },
-    /// The host is or resolves to a non-public address.
-    #[error(
-        "host `{host}` is or resolves to {address}, a {class} address; only public addresses are allowed"
-    )]
+    /// The host is a non-public address, written as such.
+    #[error("host `{host}` is {address}, a {class} address; only public addresses are allowed")]
     ForbiddenAddress {
+        /// The host as written.
+        host: String,
+        /// The offending address.
+        address: IpAddr,
+        /// Its class.
+        class: AddressClass,
+    },
+    /// The host is a name that resolves to a non-public address. The message names neither the
+    /// address nor its class: a caller must not learn what an internal name resolves to (the
+    /// address is logged on the server).
+    #[error(
+        "host `{host}` resolves to an address that is not public; only public hosts are allowed"
+    )]
+    ResolvesToForbiddenAddress {
         /// The host as written.
         host: String,
         /// The offending address.
@@ -825,7 +837,19 @@ pub async fn resolve_public(
         });
     }
     for ip in &addresses {
-        check_address(host, *ip, policy)?;
+        if let Err(UrlError::ForbiddenAddress {
+            host,
+            address,
+            class,
+        }) = check_address(host, *ip, policy)
+        {
+            tracing::info!(%host, %address, %class, "refused a host that resolves to a non-public address");
+            return Err(UrlError::ResolvesToForbiddenAddress {
+                host,
+                address,
+                class,
+            });
+        }
     }
     Ok(addresses)
 }

@@ -1218,6 +1218,26 @@ async fn branch_and_tag_refs_resolve_against_the_repository() {
     s.stop().await;
 }
 
+/// Readiness tells an unreachable database without the driver's words, which can name the
+/// database, its user or its host; those go to the log.
+#[tokio::test]
+async fn readiness_does_not_tell_the_drivers_error() {
+    let db = TestDb::new().await;
+    let mut config = config(&db);
+    config.database_url = format!(
+        "postgres://secret_user_x:pw@127.0.0.1:{}/secret_db_x",
+        support::free_port()
+    );
+    let s = TestServer::start(config).await;
+    let body = s
+        .http
+        .send(Method::GET, "/readyz", &[], None)
+        .await
+        .problem(503, "not_ready");
+    assert_eq!(body["detail"], "the database is not reachable", "{body}");
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn operational_endpoints() {
     let db = TestDb::new().await;
