@@ -5,20 +5,23 @@
 //! config file and the Kubernetes manifests are one and the same. Durations are humantime strings
 //! (`30s`, `1h`).
 
+use std::collections::BTreeMap;
 use std::path::Path;
+use std::time::Duration;
 
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::{Map, Value};
 
-/// A configuration that could not be assembled, naming where the bad value came from.
+/// The longest duration any setting accepts (100 years). A longer one is a mistake, and would
+/// overflow the arithmetic of deadlines and timers (`Instant + duration` panics on overflow).
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// A configuration that could not be assembled, naming where the bad value came from: the
+/// environment variable, or the config file and its key.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("config file {path}: {source}")]
-    File {
-        path: String,
-        #[source]
-        source: config::ConfigError,
-    },
+    #[error("config file {path}: {problem}")]
+    File { path: String, problem: String },
     #[error("environment variable {name}={value:?}: {problem}")]
     Env {
         name: String,
@@ -30,8 +33,9 @@ pub enum ConfigError {
 }
 
 /// Loads `T`: its `Default` first, then the TOML file at `file` (if given; it must exist), then
-/// environment variables. Unknown environment variables are ignored; unknown keys in the file are
-/// refused when `T` says `#[serde(deny_unknown_fields)]`.
+/// environment variables. Unknown environment variables are ignored; a key in the file that is
+/// not one of `T`'s settings (the keys of its serialized default) is refused, so a misspelt
+/// setting cannot go unnoticed.
 pub fn load<T>(file: Option<&Path>) -> Result<T, ConfigError>
 where
     T: Default + Serialize + DeserializeOwned,
@@ -43,8 +47,11 @@ where
 ///
 /// An environment value takes the JSON type of the field's default: numbers and booleans are
 /// parsed (and refused with a message naming the variable when they do not parse); everything
-/// else — strings, durations such as `30s`, optional settings — is kept as the exact text, so a
-/// token like `0123` stays `0123`.
+/// else (strings, durations such as `30s`, optional settings) is kept as the exact text, so a
+/// token like `0123` stays `0123`. An empty variable counts as unset. A setting whose default
+/// is a duration (`30s`) takes only a duration with a unit, of at most [`MAX_DURATION`], from
+/// the environment and the file alike. Any value the settings' types refuse (`-3` for a count)
+/// is reported with the variable's name, or the file's key.
 pub fn load_from<T, I>(file: Option<&Path>, env: I) -> Result<T, ConfigError>
 where
     T: Default + Serialize + DeserializeOwned,
@@ -52,45 +59,133 @@ where
 {
     let defaults =
         serde_json::to_value(T::default()).map_err(|e| ConfigError::Invalid(e.to_string()))?;
-    let Value::Object(mut merged) = defaults else {
+    let Value::Object(defaults) = defaults else {
         return Err(ConfigError::Invalid(
             "a configuration must be a struct".into(),
         ));
     };
-    let types = merged.clone();
+    let mut merged = defaults.clone();
+    // Where each value that is not a default came from (the environment wins over the file).
+    let mut origins: BTreeMap<String, Origin> = BTreeMap::new();
     if let Some(path) = file {
-        for (key, value) in read_file(path)? {
-            merged.insert(key, value);
+        let path = path.display().to_string();
+        for (key, value) in read_file(&path)? {
+            let Some(default) = defaults.get(&key) else {
+                return Err(ConfigError::File {
+                    path,
+                    problem: format!(
+                        "unknown setting `{key}` (settings are the environment variables' names in lower case)"
+                    ),
+                });
+            };
+            let origin = Origin::File(path.clone());
+            if let Value::String(default) = default
+                && is_duration(default)
+            {
+                let checked = match &value {
+                    Value::String(text) => duration(text).map(|_| ()),
+                    _ => Err(duration_problem()),
+                };
+                checked.map_err(|problem| origin.refuse(&key, problem))?;
+            }
+            merged.insert(key.clone(), value);
+            origins.insert(key, origin);
         }
     }
     for (name, text) in env {
         let key = name.to_ascii_lowercase();
-        let Some(default) = types.get(&key) else {
+        let Some(default) = defaults.get(&key) else {
             continue;
         };
         if text.is_empty() {
             continue;
         }
-        merged.insert(key, typed(&name, &text, default)?);
+        merged.insert(key.clone(), typed(&name, &text, default)?);
+        origins.insert(key, Origin::Env { name, text });
     }
-    serde_json::from_value(Value::Object(merged)).map_err(|e| ConfigError::Invalid(e.to_string()))
+    let merged = Value::Object(merged);
+    T::deserialize(&merged).map_err(|whole| {
+        // Name the culprit: the first setting that, alone on top of the defaults, is refused.
+        for (key, origin) in &origins {
+            let mut alone = defaults.clone();
+            alone.insert(key.clone(), merged[key].clone());
+            if let Err(e) = T::deserialize(&Value::Object(alone)) {
+                return origin.refuse(key, e.to_string());
+            }
+        }
+        ConfigError::Invalid(whole.to_string())
+    })
+}
+
+/// Where a setting's value came from.
+enum Origin {
+    File(String),
+    Env { name: String, text: String },
+}
+
+impl Origin {
+    /// The error for the value of `key` from here.
+    fn refuse(&self, key: &str, problem: String) -> ConfigError {
+        match self {
+            Origin::File(path) => ConfigError::File {
+                path: path.clone(),
+                problem: format!("`{key}` ({}): {problem}", key.to_ascii_uppercase()),
+            },
+            Origin::Env { name, text } => ConfigError::Env {
+                name: name.clone(),
+                value: text.clone(),
+                problem,
+            },
+        }
+    }
 }
 
 /// The TOML file's top-level keys as JSON values.
-fn read_file(path: &Path) -> Result<Map<String, Value>, ConfigError> {
-    let display = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| ConfigError::File {
-        path: display.clone(),
-        source: config::ConfigError::Foreign(Box::new(e)),
-    })?;
+fn read_file(path: &str) -> Result<Map<String, Value>, ConfigError> {
+    let refuse = |problem: String| ConfigError::File {
+        path: path.to_owned(),
+        problem,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| refuse(e.to_string()))?;
     config::Config::builder()
         .add_source(config::File::from_str(&text, config::FileFormat::Toml))
         .build()
         .and_then(config::Config::try_deserialize::<Map<String, Value>>)
-        .map_err(|source| ConfigError::File {
-            path: display,
-            source,
-        })
+        .map_err(|e| refuse(one_line(&e.to_string())))
+}
+
+/// `message` on one line: a TOML parse error quotes the offending line (`2 | b = = 2`) and marks
+/// the column below it (`|     ^`); keep the position and the reason.
+fn one_line(message: &str) -> String {
+    let quoted = |line: &str| {
+        line.trim_start_matches(|c: char| c.is_ascii_digit())
+            .trim_start()
+            .starts_with('|')
+    };
+    message
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty() && !quoted(line))
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
+/// Whether a setting whose default is `default` is a duration.
+fn is_duration(default: &str) -> bool {
+    humantime::parse_duration(default).is_ok()
+}
+
+/// `text` as a setting's duration.
+fn duration(text: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(text).map_err(|_| duration_problem())?;
+    if d > MAX_DURATION {
+        return Err("longer than the most a duration setting accepts (100 years)".to_owned());
+    }
+    Ok(d)
+}
+
+fn duration_problem() -> String {
+    "expected a duration with a unit, such as `30s`, `500ms` or `2h`".to_owned()
 }
 
 /// `text` as the JSON type of `default`.
@@ -122,6 +217,10 @@ fn typed(name: &str, text: &str, default: &Value) -> Result<Value, ConfigError> 
                 Err(refuse("expected a whole number"))
             }
         }
+        Value::String(d) if is_duration(d) => match duration(text) {
+            Ok(_) => Ok(Value::String(text.to_owned())),
+            Err(problem) => Err(refuse(&problem)),
+        },
         _ => Ok(Value::String(text.to_owned())),
     }
 }
@@ -131,13 +230,26 @@ mod tests {
     use super::*;
     use serde::Deserialize;
 
+    /// Shaped like the services' configurations: flat keys, part of them in a flattened struct
+    /// (which rules out `deny_unknown_fields`).
     #[derive(Debug, Serialize, Deserialize, PartialEq)]
-    #[serde(default, deny_unknown_fields)]
+    #[serde(default)]
     struct Sample {
         database_url: String,
         fairness_free_limit: u32,
         fairness_enabled: bool,
         label: String,
+        #[serde(flatten)]
+        inner: Inner,
+    }
+
+    #[derive(Debug, Serialize, Deserialize, PartialEq)]
+    #[serde(default)]
+    struct Inner {
+        quota_free_limit: u32,
+        #[serde(with = "humantime_serde")]
+        ratelimit_deadline: Duration,
+        version: String,
     }
 
     impl Default for Sample {
@@ -147,6 +259,17 @@ mod tests {
                 fairness_free_limit: 1,
                 fairness_enabled: true,
                 label: "x".into(),
+                inner: Inner::default(),
+            }
+        }
+    }
+
+    impl Default for Inner {
+        fn default() -> Self {
+            Inner {
+                quota_free_limit: 50,
+                ratelimit_deadline: Duration::from_millis(20),
+                version: "0.1.0".into(),
             }
         }
     }
@@ -158,6 +281,50 @@ mod tests {
             .collect()
     }
 
+    /// A TOML file with `text` in a fresh folder, removed when dropped.
+    struct TempFile(std::path::PathBuf);
+
+    impl TempFile {
+        fn new(label: &str, text: &str) -> TempFile {
+            static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let dir = std::env::temp_dir().join(format!(
+                "fairlane-config-{label}-{}-{n}",
+                std::process::id()
+            ));
+            std::fs::create_dir_all(&dir).unwrap();
+            let file = dir.join("c.toml");
+            std::fs::write(&file, text).unwrap();
+            TempFile(file)
+        }
+
+        fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            if let Some(dir) = self.0.parent() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+    }
+
+    fn env_error(pairs: &[(&str, &str)]) -> String {
+        load_from::<Sample, _>(None, env(pairs))
+            .unwrap_err()
+            .to_string()
+    }
+
+    fn file_error(text: &str) -> (String, String) {
+        let file = TempFile::new("bad", text);
+        let err = load_from::<Sample, _>(Some(file.path()), env(&[]))
+            .unwrap_err()
+            .to_string();
+        (err, file.path().display().to_string())
+    }
+
     #[test]
     fn defaults_apply_without_file_or_env() {
         let s: Sample = load_from(None, env(&[("PATH", "/bin")])).unwrap();
@@ -166,20 +333,19 @@ mod tests {
 
     #[test]
     fn env_overrides_file_overrides_defaults() {
-        let dir = std::env::temp_dir().join(format!("fairlane-config-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("c.toml");
-        std::fs::write(
-            &file,
-            "fairness_free_limit = 2\nlabel = \"from-file\"\ndatabase_url = \"postgres://file\"\n",
-        )
-        .unwrap();
+        let file = TempFile::new(
+            "layers",
+            "fairness_free_limit = 2\nlabel = \"from-file\"\ndatabase_url = \"postgres://file\"\n\
+             ratelimit_deadline = \"1s\"\nquota_free_limit = 9\n",
+        );
         let s: Sample = load_from(
-            Some(&file),
+            Some(file.path()),
             env(&[
                 ("DATABASE_URL", "postgres://env"),
                 ("FAIRNESS_ENABLED", "false"),
                 ("LABEL", "12345"),
+                ("QUOTA_FREE_LIMIT", ""),
+                ("RATELIMIT_DEADLINE", "250ms"),
             ]),
         )
         .unwrap();
@@ -187,6 +353,8 @@ mod tests {
         assert_eq!(s.fairness_free_limit, 2);
         assert!(!s.fairness_enabled);
         assert_eq!(s.label, "12345", "numeric-looking env values stay strings");
+        assert_eq!(s.inner.quota_free_limit, 9, "an empty variable is unset");
+        assert_eq!(s.inner.ratelimit_deadline, Duration::from_millis(250));
         let s: Sample =
             load_from(None, env(&[("LABEL", "0123"), ("FAIRNESS_ENABLED", "0")])).unwrap();
         assert_eq!(
@@ -194,21 +362,16 @@ mod tests {
             "text is taken verbatim, leading zeros and all"
         );
         assert!(!s.fairness_enabled);
-        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
     fn bad_values_and_files_are_reported() {
-        let err = load_from::<Sample, _>(None, env(&[("FAIRNESS_FREE_LIMIT", "lots")]))
-            .unwrap_err()
-            .to_string();
+        let err = env_error(&[("FAIRNESS_FREE_LIMIT", "lots")]);
         assert!(
             err.contains("FAIRNESS_FREE_LIMIT") && err.contains("whole number"),
             "{err}"
         );
-        let err = load_from::<Sample, _>(None, env(&[("FAIRNESS_ENABLED", "maybe")]))
-            .unwrap_err()
-            .to_string();
+        let err = env_error(&[("FAIRNESS_ENABLED", "maybe")]);
         assert!(
             err.contains("FAIRNESS_ENABLED") && err.contains("true or false"),
             "{err}"
@@ -222,15 +385,113 @@ mod tests {
     }
 
     #[test]
+    fn a_value_its_type_refuses_names_the_variable() {
+        // Refused by the field's type, not by the loader's parsing: a negative count, in a
+        // flattened struct.
+        let err = env_error(&[("QUOTA_FREE_LIMIT", "-3"), ("LABEL", "fine")]);
+        assert_eq!(
+            err,
+            "environment variable QUOTA_FREE_LIMIT=\"-3\": invalid value: integer `-3`, expected u32"
+        );
+        let err = env_error(&[("FAIRNESS_FREE_LIMIT", "5000000000")]);
+        assert!(
+            err.starts_with("environment variable FAIRNESS_FREE_LIMIT="),
+            "{err}"
+        );
+
+        let (err, path) = file_error("label = \"ok\"\nquota_free_limit = -3\n");
+        assert_eq!(
+            err,
+            format!(
+                "config file {path}: `quota_free_limit` (QUOTA_FREE_LIMIT): invalid value: integer `-3`, expected u32"
+            )
+        );
+        let (err, path) = file_error("fairness_enabled = \"sometimes\"\n");
+        assert!(
+            err.starts_with(&format!(
+                "config file {path}: `fairness_enabled` (FAIRNESS_ENABLED): "
+            )),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_duration_needs_a_unit_and_a_sane_size() {
+        let err = env_error(&[("RATELIMIT_DEADLINE", "30")]);
+        assert_eq!(
+            err,
+            "environment variable RATELIMIT_DEADLINE=\"30\": expected a duration with a unit, such as `30s`, `500ms` or `2h`"
+        );
+        let err = env_error(&[("RATELIMIT_DEADLINE", "18446744073709551615s")]);
+        assert!(
+            err.starts_with("environment variable RATELIMIT_DEADLINE=")
+                && err.contains("100 years"),
+            "{err}"
+        );
+        let err = env_error(&[("RATELIMIT_DEADLINE", "99999999999999999999999s")]);
+        assert!(
+            err.contains("RATELIMIT_DEADLINE") && err.contains("`30s`"),
+            "{err}"
+        );
+        let (err, path) = file_error("ratelimit_deadline = 30\n");
+        assert_eq!(
+            err,
+            format!(
+                "config file {path}: `ratelimit_deadline` (RATELIMIT_DEADLINE): expected a duration with a unit, such as `30s`, `500ms` or `2h`"
+            )
+        );
+        // A text setting whose default merely looks like a version is not a duration.
+        let s: Sample = load_from(None, env(&[("VERSION", "2")])).unwrap();
+        assert_eq!(s.inner.version, "2");
+        let s: Sample = load_from(None, env(&[("RATELIMIT_DEADLINE", "36500days")])).unwrap();
+        assert_eq!(s.inner.ratelimit_deadline, MAX_DURATION);
+    }
+
+    #[test]
     fn unknown_keys_in_file_are_refused() {
-        let dir = std::env::temp_dir().join(format!("fairlane-config-u-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("c.toml");
-        std::fs::write(&file, "fairnes_free_limit = 2\n").unwrap();
-        let err = load_from::<Sample, _>(Some(&file), env(&[]))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("fairnes_free_limit"), "{err}");
-        std::fs::remove_dir_all(dir).unwrap();
+        let (err, path) = file_error("fairnes_free_limit = 2\n");
+        assert_eq!(
+            err,
+            format!(
+                "config file {path}: unknown setting `fairnes_free_limit` (settings are the environment variables' names in lower case)"
+            )
+        );
+        // Keys of the flattened struct are known; a table is not a setting.
+        let file = TempFile::new("known", "quota_free_limit = 3\n");
+        let s: Sample = load_from(Some(file.path()), env(&[])).unwrap();
+        assert_eq!(s.inner.quota_free_limit, 3);
+        let (err, _) = file_error("[inner]\nquota_free_limit = 3\n");
+        assert!(err.contains("unknown setting `inner`"), "{err}");
+    }
+
+    #[test]
+    fn a_file_that_does_not_parse_is_one_line_and_says_why_once() {
+        let (err, path) = file_error("label = \"x\"\nfairness_free_limit = = 2\n");
+        assert_eq!(
+            err,
+            format!(
+                "config file {path}: TOML parse error at line 2, column 23: extra `=`, expected nothing"
+            )
+        );
+        let missing =
+            load_from::<Sample, _>(Some(Path::new("/nonexistent/f.toml")), env(&[])).unwrap_err();
+        let chain = anyhow_like(&missing);
+        assert_eq!(
+            chain.matches("No such file or directory").count(),
+            1,
+            "{chain}"
+        );
+    }
+
+    /// The error with its sources, as `anyhow`'s `{:#}` prints it.
+    fn anyhow_like(e: &(dyn std::error::Error + 'static)) -> String {
+        let mut out = e.to_string();
+        let mut source = e.source();
+        while let Some(s) = source {
+            out.push_str(": ");
+            out.push_str(&s.to_string());
+            source = s.source();
+        }
+        out
     }
 }
