@@ -13,6 +13,9 @@ const JOB_TIMEOUT_MARGIN: Duration = Duration::from_secs(30);
 /// The smallest git memory cap accepted: below it, git fails on its own start-up.
 const MIN_GIT_MEMORY: u64 = 64 * 1024 * 1024;
 
+/// The longest `ANALYZER_FETCH_TIMEOUT` and `ANALYZER_SCAN_TIMEOUT` accepted.
+pub const MAX_STEP_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
 /// Longest time resolving the default branch of a system re-analysis may take (within the fetch
 /// cap).
 const RESOLVE_CAP: Duration = Duration::from_secs(30);
@@ -85,6 +88,11 @@ impl AnalysisSettings {
         ] {
             if value.is_zero() {
                 return Err(format!("{name} must be longer than 0s"));
+            }
+            if value > MAX_STEP_TIMEOUT {
+                return Err(format!(
+                    "{name} must be at most 1day (an analysis step that takes longer is stuck), got {value:?}"
+                ));
             }
         }
         if !self.analyzer_work_dir.is_absolute() {
@@ -201,6 +209,21 @@ mod tests {
             "ANALYZER_FETCH_TIMEOUT must be longer than 0s"
         );
         assert!(bad(|s| s.analyzer_work_dir = "relative/dir".into()).contains("absolute"));
+        assert_eq!(
+            bad(|s| s.analyzer_fetch_timeout = Duration::from_secs(u64::MAX)),
+            "ANALYZER_FETCH_TIMEOUT must be at most 1day (an analysis step that takes longer is stuck), got 18446744073709551615s"
+        );
+        assert!(
+            bad(|s| s.analyzer_scan_timeout = MAX_STEP_TIMEOUT + Duration::from_secs(1))
+                .starts_with("ANALYZER_SCAN_TIMEOUT must be at most 1day")
+        );
+        let longest = AnalysisSettings {
+            analyzer_fetch_timeout: MAX_STEP_TIMEOUT,
+            analyzer_scan_timeout: MAX_STEP_TIMEOUT,
+            ..AnalysisSettings::default()
+        };
+        longest.validate().unwrap();
+        assert!(longest.job_timeout() > longest.limits().total_time);
         assert_eq!(
             bad(|s| s.analyzer_max_git_memory_bytes = 64 * 1024 * 1024 - 1),
             "ANALYZER_MAX_GIT_MEMORY_BYTES must be at least 67108864 (64 MiB): git cannot start with less"

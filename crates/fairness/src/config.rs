@@ -5,6 +5,10 @@ use std::time::Duration;
 use common::Tier;
 use serde::{Deserialize, Serialize};
 
+/// The longest `FAIRNESS_SNOOZE_DURATION` and `FAIRNESS_SNOOZE_JITTER` accepted: a snooze only
+/// waits for one of the user's running jobs to end, and slots are re-checked at every wake-up.
+pub const MAX_SNOOZE: Duration = Duration::from_secs(3600);
+
 /// Per-tier limits and the snooze used when a job arrives over its user's limit.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -75,6 +79,16 @@ impl FairnessConfig {
         if self.fairness_snooze_duration.is_zero() {
             return Err("FAIRNESS_SNOOZE_DURATION must be greater than zero".into());
         }
+        for (name, d) in [
+            ("FAIRNESS_SNOOZE_DURATION", self.fairness_snooze_duration),
+            ("FAIRNESS_SNOOZE_JITTER", self.fairness_snooze_jitter),
+        ] {
+            if d > MAX_SNOOZE {
+                return Err(format!(
+                    "{name} must be at most 1h (a snooze only waits for a slot of the user's to free), got {d:?}"
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -108,5 +122,34 @@ mod tests {
             ..FairnessConfig::default()
         };
         assert!(c.validate().unwrap_err().contains("60s"));
+    }
+
+    #[test]
+    fn snoozes_longer_than_an_hour_are_refused_by_name() {
+        let huge = Duration::from_secs(u64::MAX);
+        let c = FairnessConfig {
+            fairness_snooze_duration: huge,
+            ..FairnessConfig::default()
+        };
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .starts_with("FAIRNESS_SNOOZE_DURATION must be at most 1h"),
+        );
+        let c = FairnessConfig {
+            fairness_snooze_jitter: MAX_SNOOZE + Duration::from_secs(1),
+            ..FairnessConfig::default()
+        };
+        assert!(
+            c.validate()
+                .unwrap_err()
+                .starts_with("FAIRNESS_SNOOZE_JITTER must be at most 1h"),
+        );
+        let c = FairnessConfig {
+            fairness_snooze_duration: MAX_SNOOZE,
+            fairness_snooze_jitter: MAX_SNOOZE,
+            ..FairnessConfig::default()
+        };
+        c.validate().unwrap();
     }
 }

@@ -107,24 +107,37 @@ impl EngineConfig {
         self.rescue_after + self.rescue_interval + self.leader_ttl
     }
 
-    /// Checks relations between settings that would make the runtime misbehave.
+    /// Checks relations between settings that would make the runtime misbehave. Messages name
+    /// the fields; see [`EngineConfig::validate_named`].
     pub fn validate(&self) -> Result<(), String> {
-        if self.heartbeat_interval.is_zero() || self.heartbeat_interval * 2 > self.rescue_after {
+        self.validate_named(str::to_owned)
+    }
+
+    /// [`EngineConfig::validate`], naming each field with `name(field)`, so a service reports
+    /// the setting it reads (`poll_interval` → `QUEUE_POLL_INTERVAL`).
+    pub fn validate_named(&self, name: impl Fn(&str) -> String) -> Result<(), String> {
+        if self.heartbeat_interval.is_zero()
+            || self.heartbeat_interval.saturating_mul(2) > self.rescue_after
+        {
             return Err(format!(
-                "heartbeat_interval ({:?}) must be non-zero and at most half of rescue_after ({:?}), or live workers would be rescued",
-                self.heartbeat_interval, self.rescue_after
+                "{} ({:?}) must be non-zero and at most half of {} ({:?}), or live workers would be rescued",
+                name("heartbeat_interval"),
+                self.heartbeat_interval,
+                name("rescue_after"),
+                self.rescue_after
             ));
         }
-        if self.fetch_limit == 0
-            || self.fetch_concurrency == 0
-            || self.completer_batch == 0
-            || self.completer_concurrency == 0
-        {
-            return Err(
-                "fetch_limit, fetch_concurrency, completer_batch and completer_concurrency must be at least 1".into(),
-            );
+        for (field, n) in [
+            ("fetch_limit", self.fetch_limit),
+            ("fetch_concurrency", self.fetch_concurrency),
+            ("completer_batch", self.completer_batch),
+            ("completer_concurrency", self.completer_concurrency),
+        ] {
+            if n == 0 {
+                return Err(format!("{} must be at least 1", name(field)));
+            }
         }
-        for (name, d) in [
+        for (field, d) in [
             ("poll_interval", self.poll_interval),
             ("promote_interval", self.promote_interval),
             ("rescue_interval", self.rescue_interval),
@@ -133,7 +146,7 @@ impl EngineConfig {
             ("job_timeout", self.job_timeout),
         ] {
             if d.is_zero() {
-                return Err(format!("{name} must be greater than zero"));
+                return Err(format!("{} must be greater than zero", name(field)));
             }
         }
         Ok(())
@@ -160,6 +173,13 @@ mod tests {
             ..EngineConfig::default()
         };
         assert!(c.validate().unwrap_err().contains("heartbeat_interval"));
+        let named = c
+            .validate_named(|field| format!("QUEUE_{}", field.to_ascii_uppercase()))
+            .unwrap_err();
+        assert!(
+            named.starts_with("QUEUE_HEARTBEAT_INTERVAL (15s) must be non-zero and at most half of QUEUE_RESCUE_AFTER (20s)"),
+            "{named}"
+        );
     }
 
     #[test]

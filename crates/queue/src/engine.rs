@@ -97,6 +97,12 @@ impl EngineBuilder {
                     "queue {q} needs at least one worker"
                 )));
             }
+            if *n > Semaphore::MAX_PERMITS {
+                return Err(QueueError::Config(format!(
+                    "queue {q}: {n} workers is more than one process can run (at most {})",
+                    Semaphore::MAX_PERMITS
+                )));
+            }
             if !seen.insert(q.clone()) {
                 return Err(QueueError::Config(format!("queue {q} is configured twice")));
             }
@@ -323,5 +329,31 @@ impl Engine {
             return Err(QueueError::CompleterStopped);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_lane_larger_than_a_semaphore_is_refused_before_anything_runs() {
+        // Connected lazily: `build` must refuse without touching the database.
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .connect_lazy("postgres://postgres@127.0.0.1:1/never")
+            .expect("a valid URL");
+        let queue = |n| {
+            Engine::builder(Client::new(pool.clone()))
+                .queue(QueueName::new("q").expect("a valid name"), n)
+                .build()
+        };
+        let Err(e) = queue(Semaphore::MAX_PERMITS + 1) else {
+            panic!("more workers than a semaphore holds were accepted");
+        };
+        assert!(
+            e.to_string().contains("more than one process can run"),
+            "{e}"
+        );
+        assert!(queue(Semaphore::MAX_PERMITS).is_ok());
     }
 }

@@ -9,6 +9,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+/// The longest `OTLP_EXPORT_TIMEOUT` accepted.
+pub const MAX_OTLP_EXPORT_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// How log lines are written to standard output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -86,6 +89,24 @@ impl TelemetryConfig {
         }
     }
 
+    /// Refuses settings that would break exporting or hang shutdown: an `OTLP_EXPORT_TIMEOUT`
+    /// of zero (every export fails) or above [`MAX_OTLP_EXPORT_TIMEOUT`] (shutdown waits that
+    /// long for the collector), a `METRICS_EXPORT_INTERVAL` of zero (the SDK would quietly use
+    /// its own 60 s).
+    pub fn validate(&self) -> Result<(), String> {
+        if self.otlp_export_timeout.is_zero() || self.otlp_export_timeout > MAX_OTLP_EXPORT_TIMEOUT
+        {
+            return Err(format!(
+                "OTLP_EXPORT_TIMEOUT must be longer than zero and at most {:?} (it also bounds how long shutdown waits for the collector), got {:?}",
+                MAX_OTLP_EXPORT_TIMEOUT, self.otlp_export_timeout
+            ));
+        }
+        if self.metrics_export_interval.is_zero() {
+            return Err("METRICS_EXPORT_INTERVAL must be longer than zero".to_owned());
+        }
+        Ok(())
+    }
+
     /// The configured collector base URL without trailing slashes, if one is set and non-blank.
     pub fn otlp_endpoint(&self) -> Option<&str> {
         self.otel_exporter_otlp_endpoint
@@ -135,6 +156,27 @@ mod tests {
             .to_string();
             assert!(err.contains("http/protobuf"), "{bad}: {err}");
         }
+    }
+
+    #[test]
+    fn export_settings_that_break_exporting_are_refused_by_name() {
+        TelemetryConfig::default().validate().unwrap();
+        let with = |timeout: Duration, interval: Duration| {
+            TelemetryConfig {
+                otlp_export_timeout: timeout,
+                metrics_export_interval: interval,
+                ..TelemetryConfig::default()
+            }
+            .validate()
+        };
+        let ok = Duration::from_secs(5);
+        for timeout in [Duration::ZERO, Duration::from_secs(61), Duration::MAX] {
+            let e = with(timeout, ok).unwrap_err();
+            assert!(e.starts_with("OTLP_EXPORT_TIMEOUT must be"), "{e}");
+        }
+        with(MAX_OTLP_EXPORT_TIMEOUT, ok).unwrap();
+        let e = with(ok, Duration::ZERO).unwrap_err();
+        assert_eq!(e, "METRICS_EXPORT_INTERVAL must be longer than zero");
     }
 
     #[test]

@@ -26,6 +26,9 @@ pub const INSTRUMENTATION_NAME: &str = "fairlane";
 /// Why telemetry could not be set up or shut down.
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
+    /// A setting [`TelemetryConfig::validate`] refuses.
+    #[error("invalid telemetry configuration: {0}")]
+    Config(String),
     /// `rust_log` is not a valid filter.
     #[error("invalid log filter {filter:?}: {source}")]
     LogFilter {
@@ -169,6 +172,7 @@ fn validate_endpoint(endpoint: &str) -> Result<String, TelemetryError> {
 /// Instruments must be created after `init` (a `Meter` taken from `opentelemetry::global`
 /// before it stays a no-op).
 pub fn init(config: &TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> {
+    config.validate().map_err(TelemetryError::Config)?;
     let filter = log_filter(&config.rust_log)?;
     let endpoint = config.otlp_endpoint().map(validate_endpoint).transpose()?;
 
