@@ -46,6 +46,28 @@ impl Default for Config {
     }
 }
 
+/// The prefix of the lane-size variables (`ANALYZER_QUEUE_PRIORITY_WORKERS` …).
+pub const LANE_PREFIX: &str = "ANALYZER";
+
+impl Config {
+    /// Workers of the priority, default and scheduled lanes.
+    pub fn lane_workers(&self) -> [usize; 3] {
+        [
+            self.analyzer_queue_priority_workers,
+            self.analyzer_queue_default_workers,
+            self.analyzer_queue_scheduled_workers,
+        ]
+    }
+
+    /// Checks every setting (analysis settings, lane sizes, what every worker reads), naming its
+    /// variable; `main` calls it before anything starts.
+    pub fn validate(&self) -> Result<(), WorkerError> {
+        self.worker.validate().map_err(WorkerError::Config)?;
+        workerkit::check_lanes(LANE_PREFIX, self.lane_workers()).map_err(WorkerError::Config)?;
+        self.analysis.validate().map_err(WorkerError::Config)
+    }
+}
+
 /// The hooks every analysis job transition runs with: quota billing/release and the record's
 /// settlement, in the job's own transaction. (Both worker services register both: the fleet's
 /// maintenance leader, whichever process it is, may rescue or discard any job.)
@@ -93,7 +115,7 @@ pub async fn run(
     pool: PgPool,
     shutdown: CancellationToken,
 ) -> Result<(), WorkerError> {
-    config.analysis.validate().map_err(WorkerError::Config)?;
+    config.validate()?;
     prepare_work_dir(&config.analysis).await?;
     let mut workers = Workers::new();
     workers.register(AnalysisWorker::new(pool.clone(), config.analysis.clone()));
@@ -102,12 +124,9 @@ pub async fn run(
     }
     let spec = WorkerSpec {
         name: "analyzer-worker",
+        lane_prefix: LANE_PREFIX,
         service: Service::Analysis,
-        lane_workers: [
-            config.analyzer_queue_priority_workers,
-            config.analyzer_queue_default_workers,
-            config.analyzer_queue_scheduled_workers,
-        ],
+        lane_workers: config.lane_workers(),
         workers,
         hooks: hooks(),
     };

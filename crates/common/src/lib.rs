@@ -1,5 +1,6 @@
 //! Fairlane's shared vocabulary: tiers, services and lanes, queue names and routing, job argument
-//! types, and the layered configuration loader every binary uses.
+//! types, the layered configuration loader every binary uses, and the one-line form in which a
+//! binary reports why it stopped.
 //!
 //! Everything here is pure (no I/O except reading a config file) so that the rules it encodes —
 //! which queue a request lands in, which names are valid — can be tested alone.
@@ -7,6 +8,7 @@
 pub mod config;
 pub mod job_args;
 pub mod queue_name;
+pub mod report;
 pub mod routing;
 pub mod tier;
 

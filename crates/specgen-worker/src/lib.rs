@@ -39,6 +39,28 @@ impl Default for Config {
     }
 }
 
+/// The prefix of the lane-size variables (`SPECGEN_QUEUE_PRIORITY_WORKERS` …).
+pub const LANE_PREFIX: &str = "SPECGEN";
+
+impl Config {
+    /// Workers of the priority, default and scheduled lanes.
+    pub fn lane_workers(&self) -> [usize; 3] {
+        [
+            self.specgen_queue_priority_workers,
+            self.specgen_queue_default_workers,
+            self.specgen_queue_scheduled_workers,
+        ]
+    }
+
+    /// Checks every setting (lane sizes, what every worker reads), naming its
+    /// variable; `main` calls it before anything starts.
+    pub fn validate(&self) -> Result<(), WorkerError> {
+        self.worker.validate().map_err(WorkerError::Config)?;
+        workerkit::check_lanes(LANE_PREFIX, self.lane_workers()).map_err(WorkerError::Config)?;
+        Ok(())
+    }
+}
+
 /// The hooks every specview job transition runs with: quota billing/release and the record's
 /// settlement, in the job's own transaction. ([`records::RecordHook`] settles analysis records
 /// too: the fleet's maintenance leader, whichever process it is, may rescue or discard any job.)
@@ -55,6 +77,7 @@ pub async fn run(
     pool: PgPool,
     shutdown: CancellationToken,
 ) -> Result<(), WorkerError> {
+    config.validate()?;
     let mut workers = Workers::new();
     workers.register(SpecviewWorker::new(pool.clone()));
     if config.worker.worker_sleep_jobs {
@@ -62,12 +85,9 @@ pub async fn run(
     }
     let spec = WorkerSpec {
         name: "specgen-worker",
+        lane_prefix: LANE_PREFIX,
         service: Service::Specview,
-        lane_workers: [
-            config.specgen_queue_priority_workers,
-            config.specgen_queue_default_workers,
-            config.specgen_queue_scheduled_workers,
-        ],
+        lane_workers: config.lane_workers(),
         workers,
         hooks: hooks(),
     };

@@ -95,6 +95,61 @@ impl TestDb {
             .unwrap_or_else(|e| panic!("connecting to {}: {e}", self.name))
     }
 
+    /// The number of rows in each table of the schema, for tests that claim nothing was written.
+    pub async fn row_counts(&self) -> std::collections::BTreeMap<String, i64> {
+        let tables: Vec<(String,)> = sqlx::query_as(
+            "SELECT table_name::text FROM information_schema.tables \
+             WHERE table_schema = 'public' AND table_type = 'BASE TABLE' ORDER BY 1",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .unwrap_or_else(|e| panic!("listing tables: {e}"));
+        let mut counts = std::collections::BTreeMap::new();
+        for (table,) in tables {
+            let (n,): (i64,) =
+                sqlx::query_as(AssertSqlSafe(format!("SELECT count(*) FROM \"{table}\"")))
+                    .fetch_one(&self.pool)
+                    .await
+                    .unwrap_or_else(|e| panic!("counting {table}: {e}"));
+            counts.insert(table, n);
+        }
+        counts
+    }
+
+    /// [`process::refused_start`] with `DATABASE_URL` set to this database, `HTTP_ADDR` to a free
+    /// loopback port and `RUST_LOG` to `warn` (before `envs`, which may override them). Checks
+    /// that every table holds the rows it held before; returns the stderr line.
+    pub async fn refused_start(
+        &self,
+        program: &str,
+        args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> String {
+        let before = self.row_counts().await;
+        let mut all: Vec<(String, String)> = vec![
+            ("DATABASE_URL".to_owned(), self.url()),
+            ("HTTP_ADDR".to_owned(), "127.0.0.1:0".to_owned()),
+            ("RUST_LOG".to_owned(), "warn".to_owned()),
+        ];
+        all.extend(envs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        let program = program.to_owned();
+        let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+        let line = tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let envs: Vec<(&str, &str)> =
+                all.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            process::refused_start(&program, &args, &envs)
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            self.row_counts().await,
+            before,
+            "{envs:?}: rows were written before the refusal"
+        );
+        line
+    }
+
     /// Terminates every other session on this database (simulates lost connections).
     pub async fn terminate_connections(&self) -> u64 {
         let mut admin = admin_connection().await;

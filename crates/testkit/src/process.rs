@@ -1,6 +1,7 @@
 //! Child processes for tests that need real crashes and signals: spawn a binary, kill it with
 //! SIGKILL or SIGTERM, and always reap it (a panicking test must not leave workers behind).
 
+use std::io::Read as _;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
@@ -71,4 +72,50 @@ impl ChildProcess {
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
     }
+}
+
+/// Runs `program` with `args` and `envs` (on top of this process's environment), expecting it to
+/// refuse to start: it must exit with code 1 within 30 s (not 101, a panic's) and print exactly
+/// one line on stderr, which is returned (without its line break).
+pub fn refused_start(program: &str, args: &[&str], envs: &[(&str, &str)]) -> String {
+    let mut child = std::process::Command::new(program)
+        .args(args)
+        .envs(envs.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawning {program}: {e}"));
+    let mut stderr = child.stderr.take().unwrap_or_else(|| unreachable!("piped"));
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("{program} with {envs:?} did not exit within 30 s: it started");
+            }
+        }
+    };
+    let stderr = reader.join().unwrap_or_default();
+    assert!(
+        status.code() == Some(1),
+        "{program} with {envs:?}: expected exit code 1, got {status:?}; stderr: {stderr}"
+    );
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "{program} with {envs:?}: expected one line on stderr, got:\n{stderr}"
+    );
+    lines[0].to_owned()
 }

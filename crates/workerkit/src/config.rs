@@ -1,11 +1,21 @@
 //! Settings shared by the worker services, named after their environment variables.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
+use common::Lane;
 use fairness::FairnessConfig;
 use queue::EngineConfig;
 use serde::{Deserialize, Serialize};
 use telemetry::TelemetryConfig;
+
+/// The fewest database connections a worker process accepts: the notification listener holds one
+/// for good, and the heartbeat, the completer and the fetches each need one at the same time (a
+/// heartbeat starved of connections gets a live worker's jobs rescued and run twice).
+pub const MIN_DATABASE_CONNECTIONS: u32 = 4;
+
+/// The most workers one lane may have in one process.
+pub const MAX_LANE_WORKERS: usize = 10_000;
 
 /// The common part of a worker service's configuration (each binary adds its lane sizes).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -40,6 +50,29 @@ impl Default for WorkerConfig {
 }
 
 impl WorkerConfig {
+    /// Checks every setting every worker reads, naming its variable: called before anything
+    /// starts (telemetry, the pool, the database).
+    pub fn validate(&self) -> Result<(), String> {
+        self.check_connections()?;
+        self.http_addr
+            .parse::<SocketAddr>()
+            .map_err(|e| format!("HTTP_ADDR `{}`: {e}", self.http_addr))?;
+        self.fairness.validate()?;
+        self.engine.validate()?;
+        self.telemetry.validate()
+    }
+
+    /// Refuses a pool smaller than [`MIN_DATABASE_CONNECTIONS`].
+    pub fn check_connections(&self) -> Result<(), String> {
+        if self.database_max_connections < MIN_DATABASE_CONNECTIONS {
+            return Err(format!(
+                "DATABASE_MAX_CONNECTIONS must be at least {MIN_DATABASE_CONNECTIONS} (the notification listener holds one for good; the heartbeat, the completer and the fetches need one each), got {}",
+                self.database_max_connections
+            ));
+        }
+        Ok(())
+    }
+
     /// The defaults of one worker service: its own HTTP address and OpenTelemetry service name.
     pub fn for_service(http_addr: &str, otel_service_name: &str) -> Self {
         let defaults = WorkerConfig::default();
@@ -111,6 +144,11 @@ impl Default for EngineSettings {
 }
 
 impl EngineSettings {
+    /// Checks the engine's settings, naming their `QUEUE_*` variables.
+    pub fn validate(&self) -> Result<(), String> {
+        self.to_engine_config().validate_named(variable)
+    }
+
     pub fn to_engine_config(&self) -> EngineConfig {
         EngineConfig {
             poll_interval: self.queue_poll_interval,
@@ -132,6 +170,59 @@ impl EngineSettings {
     }
 }
 
+/// The variable that sets the worker count of a service's `lane`: `ANALYZER` and
+/// [`Lane::Priority`] give `ANALYZER_QUEUE_PRIORITY_WORKERS`.
+pub fn lane_variable(prefix: &str, lane: Lane) -> String {
+    format!(
+        "{prefix}_QUEUE_{}_WORKERS",
+        lane.as_str().to_ascii_uppercase()
+    )
+}
+
+/// Checks a service's lane sizes (priority, default, scheduled; `prefix` names their variables).
+/// A lane of 0 is one this process does not work; all three 0 is a process that works no queue,
+/// and more than [`MAX_LANE_WORKERS`] is a mistake.
+pub fn check_lanes(prefix: &str, lanes: [usize; 3]) -> Result<(), String> {
+    for (lane, workers) in Lane::ALL.into_iter().zip(lanes) {
+        if workers > MAX_LANE_WORKERS {
+            return Err(format!(
+                "{} must be at most {MAX_LANE_WORKERS}, got {workers}",
+                lane_variable(prefix, lane)
+            ));
+        }
+    }
+    if lanes.iter().all(|&w| w == 0) {
+        let [p, d, s] = Lane::ALL.map(|lane| lane_variable(prefix, lane));
+        return Err(format!(
+            "{p}, {d} and {s} are all 0: this process would work no queue"
+        ));
+    }
+    Ok(())
+}
+
+/// The variable that sets the engine's `field` (the field itself for those a worker does not
+/// expose, which keep the engine's defaults).
+fn variable(field: &str) -> String {
+    match field {
+        "poll_interval"
+        | "job_timeout"
+        | "shutdown_timeout"
+        | "cancel_grace"
+        | "heartbeat_interval"
+        | "rescue_after"
+        | "rescue_interval"
+        | "promote_interval"
+        | "leader_ttl"
+        | "clean_interval"
+        | "retention_completed"
+        | "maintenance" => {
+            format!("QUEUE_{}", field.to_ascii_uppercase())
+        }
+        "retention_cancelled" | "retention_discarded" => "QUEUE_RETENTION_FAILED".to_owned(),
+        other => other.to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,6 +233,79 @@ mod tests {
             env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
         )
         .expect("valid settings")
+    }
+
+    #[test]
+    fn too_few_connections_are_refused_before_a_pool_is_built() {
+        for n in ["0", "3"] {
+            let c = load(&[("DATABASE_MAX_CONNECTIONS", n)]);
+            let e = c.validate().unwrap_err();
+            assert!(
+                e.starts_with("DATABASE_MAX_CONNECTIONS must be at least 4 ")
+                    && e.ends_with(&format!("got {n}")),
+                "{e}"
+            );
+            let Err(e) = crate::lazy_pool(&c) else {
+                panic!("a pool of {n} connections was built");
+            };
+            assert!(e.to_string().contains("DATABASE_MAX_CONNECTIONS"), "{e}");
+        }
+        load(&[("DATABASE_MAX_CONNECTIONS", "4")])
+            .validate()
+            .unwrap();
+        WorkerConfig::default().validate().unwrap();
+        assert!(
+            load(&[("HTTP_ADDR", "nowhere")])
+                .validate()
+                .unwrap_err()
+                .starts_with("HTTP_ADDR `nowhere`")
+        );
+        assert!(
+            load(&[("OTLP_EXPORT_TIMEOUT", "0s")])
+                .validate()
+                .unwrap_err()
+                .starts_with("OTLP_EXPORT_TIMEOUT")
+        );
+        assert!(
+            load(&[("FAIRNESS_SNOOZE_JITTER", "2h")])
+                .validate()
+                .unwrap_err()
+                .starts_with("FAIRNESS_SNOOZE_JITTER")
+        );
+    }
+
+    #[test]
+    fn lanes_may_be_zero_but_not_all_and_not_absurd() {
+        check_lanes("ANALYZER", [5, 3, 2]).unwrap();
+        check_lanes("ANALYZER", [5, 0, 0]).unwrap();
+        check_lanes("ANALYZER", [0, 0, MAX_LANE_WORKERS]).unwrap();
+        assert_eq!(
+            check_lanes("SPECGEN", [0, 0, 0]).unwrap_err(),
+            "SPECGEN_QUEUE_PRIORITY_WORKERS, SPECGEN_QUEUE_DEFAULT_WORKERS and SPECGEN_QUEUE_SCHEDULED_WORKERS are all 0: this process would work no queue"
+        );
+        assert_eq!(
+            check_lanes("ANALYZER", [1, 1 << 61, 1]).unwrap_err(),
+            "ANALYZER_QUEUE_DEFAULT_WORKERS must be at most 10000, got 2305843009213693952"
+        );
+    }
+
+    #[test]
+    fn engine_settings_are_refused_by_their_variable() {
+        let err = |env: &[(&str, &str)]| load(env).engine.validate().unwrap_err();
+        assert_eq!(
+            err(&[("QUEUE_POLL_INTERVAL", "0s")]),
+            "QUEUE_POLL_INTERVAL must be greater than zero"
+        );
+        assert_eq!(
+            err(&[("QUEUE_JOB_TIMEOUT", "0s")]),
+            "QUEUE_JOB_TIMEOUT must be greater than zero"
+        );
+        assert!(
+            err(&[("QUEUE_HEARTBEAT_INTERVAL", "15s")]).starts_with(
+                "QUEUE_HEARTBEAT_INTERVAL (15s) must be non-zero and at most half of QUEUE_RESCUE_AFTER (20s)"
+            )
+        );
+        WorkerConfig::default().engine.validate().unwrap();
     }
 
     #[test]

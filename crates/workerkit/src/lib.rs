@@ -22,14 +22,20 @@ use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use tokio_util::sync::CancellationToken;
 
-pub use config::{EngineSettings, WorkerConfig};
+pub use config::{
+    EngineSettings, MAX_LANE_WORKERS, MIN_DATABASE_CONNECTIONS, WorkerConfig, check_lanes,
+    lane_variable,
+};
 
 /// A worker service: what differs between `analyzer-worker` and `specgen-worker`.
 pub struct WorkerSpec {
     /// The binary's name (worker ids, logs).
     pub name: &'static str,
     pub service: Service,
-    /// Workers of the priority, default and scheduled lanes, in that order.
+    /// The prefix of its lane-size variables: `ANALYZER` for `ANALYZER_QUEUE_PRIORITY_WORKERS` …
+    pub lane_prefix: &'static str,
+    /// Workers of the priority, default and scheduled lanes, in that order; 0 leaves a lane to
+    /// other processes (see [`check_lanes`]).
     pub lane_workers: [usize; 3],
     pub workers: Workers,
     /// Hooks beyond fairness's own (quota billing).
@@ -58,9 +64,9 @@ pub async fn run(
     pool: PgPool,
     shutdown: CancellationToken,
 ) -> Result<(), WorkerError> {
-    config.fairness.validate().map_err(WorkerError::Config)?;
+    config.validate().map_err(WorkerError::Config)?;
+    check_lanes(spec.lane_prefix, spec.lane_workers).map_err(WorkerError::Config)?;
     let engine_config = config.engine.to_engine_config();
-    engine_config.validate().map_err(WorkerError::Config)?;
 
     let addr: SocketAddr = config
         .http_addr
@@ -132,8 +138,16 @@ async fn run_engine(
         )));
     }
     for (lane, workers) in Lane::ALL.into_iter().zip(spec.lane_workers) {
+        let queue = spec.service.queue(lane);
         if workers > 0 {
-            builder = builder.queue(spec.service.queue(lane), workers);
+            builder = builder.queue(queue, workers);
+        } else {
+            let variable = lane_variable(spec.lane_prefix, lane);
+            tracing::warn!(
+                %queue,
+                variable,
+                "{variable}=0: this process does not work {queue}; other processes must"
+            );
         }
     }
     let engine = builder.build()?;
@@ -155,8 +169,10 @@ async fn run_engine(
 }
 
 /// A lazily connecting pool: the service starts (and answers `/healthz`) even while the
-/// database is unreachable, and reports not-ready until it is.
+/// database is unreachable, and reports not-ready until it is. Refuses fewer than
+/// [`MIN_DATABASE_CONNECTIONS`] connections (sqlx panics on a pool of 0).
 pub fn lazy_pool(config: &WorkerConfig) -> Result<PgPool, WorkerError> {
+    config.check_connections().map_err(WorkerError::Config)?;
     let options: PgConnectOptions = config
         .database_url
         .parse()
