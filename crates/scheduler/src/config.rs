@@ -147,6 +147,29 @@ pub struct Checked {
     pub http_addr: std::net::SocketAddr,
 }
 
+/// The fewest database connections the scheduler accepts: its two elections, a tick, the
+/// gauges and the probes each need one.
+pub const MIN_DATABASE_CONNECTIONS: u32 = 4;
+
+/// The variable that sets the queue engine's `field` (the field itself for those the scheduler
+/// does not read, which keep the engine's defaults).
+fn variable(field: &str) -> String {
+    match field {
+        "heartbeat_interval"
+        | "rescue_after"
+        | "rescue_interval"
+        | "promote_interval"
+        | "leader_ttl"
+        | "clean_interval"
+        | "retention_completed"
+        | "maintenance" => {
+            format!("QUEUE_{}", field.to_ascii_uppercase())
+        }
+        "retention_cancelled" | "retention_discarded" => "QUEUE_RETENTION_FAILED".to_owned(),
+        other => other.to_owned(),
+    }
+}
+
 /// A setting that makes no sense, named by its environment variable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid scheduler configuration: {0}")]
@@ -200,22 +223,27 @@ impl Config {
                 self.reanalyze_max_attempts
             )));
         }
-        if self.database_max_connections < 4 {
-            return Err(InvalidConfig(format!(
-                "DATABASE_MAX_CONNECTIONS must be at least 4 (elections, ticks, metrics, probes), got {}",
-                self.database_max_connections
-            )));
-        }
+        self.check_connections()?;
         let engine = self.maintenance.to_engine_config();
-        engine
-            .validate()
-            .map_err(|e| InvalidConfig(format!("queue maintenance (QUEUE_*): {e}")))?;
+        engine.validate_named(variable).map_err(InvalidConfig)?;
+        self.telemetry.validate().map_err(InvalidConfig)?;
         Ok(Checked {
             reanalyze,
             reservation_cleanup,
             engine,
             http_addr,
         })
+    }
+
+    /// Refuses a pool smaller than [`MIN_DATABASE_CONNECTIONS`].
+    pub fn check_connections(&self) -> Result<(), InvalidConfig> {
+        if self.database_max_connections < MIN_DATABASE_CONNECTIONS {
+            return Err(InvalidConfig(format!(
+                "DATABASE_MAX_CONNECTIONS must be at least {MIN_DATABASE_CONNECTIONS} (elections, ticks, metrics, probes), got {}",
+                self.database_max_connections
+            )));
+        }
+        Ok(())
     }
 
     /// The longest a dead or partitioned leader can keep the other replicas from acting,
@@ -299,5 +327,31 @@ mod tests {
         assert!(err(&[("SCHEDULER_LEASE_TTL", "10ms")]).contains("SCHEDULER_LEASE_TTL"));
         assert!(err(&[("HTTP_ADDR", "nowhere")]).contains("HTTP_ADDR"));
         assert!(err(&[("QUEUE_HEARTBEAT_INTERVAL", "30s")]).contains("QUEUE_"));
+    }
+
+    #[test]
+    fn queue_and_telemetry_settings_are_named_by_their_variable() {
+        let err = |env: &[(&str, &str)]| load(env).check().unwrap_err().to_string();
+        assert!(
+            err(&[("QUEUE_HEARTBEAT_INTERVAL", "30s")]).starts_with(
+                "invalid scheduler configuration: QUEUE_HEARTBEAT_INTERVAL (30s) must be non-zero and at most half of QUEUE_RESCUE_AFTER (20s)"
+            )
+        );
+        assert_eq!(
+            err(&[("QUEUE_PROMOTE_INTERVAL", "0s")]),
+            "invalid scheduler configuration: QUEUE_PROMOTE_INTERVAL must be greater than zero"
+        );
+        assert!(err(&[("METRICS_EXPORT_INTERVAL", "0s")]).contains("METRICS_EXPORT_INTERVAL"));
+        for n in ["0", "3"] {
+            let e = err(&[("DATABASE_MAX_CONNECTIONS", n)]);
+            assert!(
+                e.contains("DATABASE_MAX_CONNECTIONS must be at least 4"),
+                "{e}"
+            );
+            let Err(e) = crate::lazy_pool(&load(&[("DATABASE_MAX_CONNECTIONS", n)])) else {
+                panic!("a pool of {n} connections was built");
+            };
+            assert!(e.to_string().contains("DATABASE_MAX_CONNECTIONS"), "{e}");
+        }
     }
 }

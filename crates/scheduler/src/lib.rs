@@ -230,8 +230,10 @@ fn candidate_id() -> String {
 }
 
 /// A lazily connecting pool: the scheduler starts (and answers `/healthz`) while the database is
-/// unreachable, and reports not ready until it is.
+/// unreachable, and reports not ready until it is. Refuses fewer than
+/// [`config::MIN_DATABASE_CONNECTIONS`] connections (sqlx panics on a pool of 0).
 pub fn lazy_pool(config: &Config) -> Result<PgPool, SchedulerError> {
+    config.check_connections()?;
     let options: PgConnectOptions = config
         .database_url
         .parse()

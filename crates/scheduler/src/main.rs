@@ -1,7 +1,9 @@
 //! Entry point of `scheduler`: parse the command line, load the layered configuration
-//! (defaults < `--config` file < environment), start telemetry, run until SIGTERM/SIGINT.
+//! (defaults < `--config` file < environment) and check it, then start telemetry and run until
+//! SIGTERM/SIGINT. A failed start is one line on stderr and exit code 1.
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Parser;
@@ -14,10 +16,24 @@ struct Cli {
     config: Option<PathBuf>,
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+fn main() -> ExitCode {
+    match run(&Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            #[allow(clippy::print_stderr)]
+            {
+                eprintln!("scheduler: {}", common::report::one_line(e.as_ref()));
+            }
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: &Cli) -> anyhow::Result<()> {
     let config: scheduler::Config =
         common::config::load(cli.config.as_deref()).context("loading configuration")?;
+    // Before the pool, telemetry or anything else: bad settings change nothing.
+    config.check()?;
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async {
         let telemetry = telemetry::init(&config.telemetry)?;
