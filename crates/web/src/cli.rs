@@ -114,6 +114,11 @@ pub async fn main(cli: Cli) -> anyhow::Result<()> {
             result
         }
         Command::Serve => {
+            // Before telemetry, the pool or anything else: bad settings change nothing.
+            config
+                .validate()
+                .map_err(anyhow::Error::msg)
+                .context("invalid configuration")?;
             let guard = telemetry::init(&config.telemetry)?;
             let shutdown = telemetry::shutdown_on_signals()
                 .context("installing the SIGTERM/SIGINT handlers")?;

@@ -87,9 +87,19 @@ impl Default for WebConfig {
 /// too long to guess.
 pub const ADMIN_TOKEN_MIN_CHARS: usize = 16;
 
+/// The largest `ENQUEUE_BATCH_MAX` accepted.
+pub const MAX_ENQUEUE_BATCH: usize = 10_000;
+
+/// The largest `ENQUEUE_BATCH_CONCURRENCY` accepted: each collector holds a database connection
+/// of its own, outside `DATABASE_MAX_CONNECTIONS`.
+pub const MAX_ENQUEUE_BATCH_CONCURRENCY: usize = 64;
+
 impl WebConfig {
-    /// Checks what loading cannot: an `ADMIN_TOKEN`, when set, is at least
-    /// [`ADMIN_TOKEN_MIN_CHARS`] characters. (An empty one is unset: the admin API is off.)
+    /// Checks what loading cannot, naming the variable: an `ADMIN_TOKEN`, when set, is at least
+    /// [`ADMIN_TOKEN_MIN_CHARS`] characters (an empty one is unset: the admin API is off); no
+    /// count or timeout is zero; `RATELIMIT_DEADLINE` is shorter than `HTTP_REQUEST_TIMEOUT`;
+    /// the batch sizes are within [`MAX_ENQUEUE_BATCH`] and [`MAX_ENQUEUE_BATCH_CONCURRENCY`];
+    /// the quota and telemetry settings pass their own checks.
     pub fn validate(&self) -> Result<(), String> {
         if let Some(token) = &self.admin_token
             && token.chars().count() < ADMIN_TOKEN_MIN_CHARS
@@ -99,6 +109,50 @@ impl WebConfig {
                  generate one with `openssl rand -hex 32`, or unset it to disable the admin API",
                 token.chars().count()
             ));
+        }
+        self.check_connections()?;
+        for (name, d) in [
+            ("HTTP_REQUEST_TIMEOUT", self.http_request_timeout),
+            ("RATELIMIT_DEADLINE", self.ratelimit_deadline),
+            ("RESOLVE_TIMEOUT", self.resolve_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(format!("{name} must be longer than zero"));
+            }
+        }
+        if self.ratelimit_deadline >= self.http_request_timeout {
+            return Err(format!(
+                "RATELIMIT_DEADLINE ({:?}) must be shorter than HTTP_REQUEST_TIMEOUT ({:?})",
+                self.ratelimit_deadline, self.http_request_timeout
+            ));
+        }
+        if self.http_body_limit == 0 {
+            return Err("HTTP_BODY_LIMIT must be at least 1 byte".to_owned());
+        }
+        for (name, n, max) in [
+            (
+                "ENQUEUE_BATCH_MAX",
+                self.enqueue_batch_max,
+                MAX_ENQUEUE_BATCH,
+            ),
+            (
+                "ENQUEUE_BATCH_CONCURRENCY",
+                self.enqueue_batch_concurrency,
+                MAX_ENQUEUE_BATCH_CONCURRENCY,
+            ),
+        ] {
+            if !(1..=max).contains(&n) {
+                return Err(format!("{name} must be between 1 and {max}, got {n}"));
+            }
+        }
+        self.quota.validate().map_err(|e| e.0)?;
+        self.telemetry.validate()
+    }
+
+    /// Refuses a pool of no connections (sqlx panics on one).
+    pub fn check_connections(&self) -> Result<(), String> {
+        if self.database_max_connections == 0 {
+            return Err("DATABASE_MAX_CONNECTIONS must be at least 1, got 0".to_owned());
         }
         Ok(())
     }
@@ -188,5 +242,84 @@ mod tests {
         let c = WebConfig::load_from(None, env(&[("ADMIN_TOKEN", "0123456789abcdef")])).unwrap();
         c.validate().unwrap();
         WebConfig::default().validate().unwrap();
+    }
+
+    fn refused(pairs: &[(&str, &str)]) -> String {
+        WebConfig::load_from(None, env(pairs))
+            .unwrap()
+            .validate()
+            .unwrap_err()
+    }
+
+    #[test]
+    fn zeros_and_sizes_that_break_the_server_are_refused_by_name() {
+        assert_eq!(
+            refused(&[("DATABASE_MAX_CONNECTIONS", "0")]),
+            "DATABASE_MAX_CONNECTIONS must be at least 1, got 0"
+        );
+        for name in [
+            "HTTP_REQUEST_TIMEOUT",
+            "RATELIMIT_DEADLINE",
+            "RESOLVE_TIMEOUT",
+        ] {
+            assert_eq!(
+                refused(&[(name, "0s")]),
+                format!("{name} must be longer than zero")
+            );
+        }
+        assert_eq!(
+            refused(&[("HTTP_BODY_LIMIT", "0")]),
+            "HTTP_BODY_LIMIT must be at least 1 byte"
+        );
+        assert_eq!(
+            refused(&[("ENQUEUE_BATCH_MAX", "0")]),
+            "ENQUEUE_BATCH_MAX must be between 1 and 10000, got 0"
+        );
+        assert_eq!(
+            refused(&[("ENQUEUE_BATCH_MAX", "4611686018427387904")]),
+            "ENQUEUE_BATCH_MAX must be between 1 and 10000, got 4611686018427387904"
+        );
+        assert_eq!(
+            refused(&[("ENQUEUE_BATCH_CONCURRENCY", "0")]),
+            "ENQUEUE_BATCH_CONCURRENCY must be between 1 and 64, got 0"
+        );
+        assert_eq!(
+            refused(&[("ENQUEUE_BATCH_CONCURRENCY", "100000")]),
+            "ENQUEUE_BATCH_CONCURRENCY must be between 1 and 64, got 100000"
+        );
+        assert!(
+            refused(&[("METRICS_EXPORT_INTERVAL", "0s")]).starts_with("METRICS_EXPORT_INTERVAL")
+        );
+        assert!(refused(&[("OTLP_EXPORT_TIMEOUT", "1000days")]).starts_with("OTLP_EXPORT_TIMEOUT"));
+        assert!(refused(&[("QUOTA_ANALYSIS_COST", "0")]).contains("QUOTA_ANALYSIS_COST"));
+        let fine = WebConfig::load_from(
+            None,
+            env(&[
+                ("ENQUEUE_BATCH_MAX", "10000"),
+                ("ENQUEUE_BATCH_CONCURRENCY", "64"),
+                ("DATABASE_MAX_CONNECTIONS", "1"),
+            ]),
+        )
+        .unwrap();
+        fine.validate().unwrap();
+    }
+
+    #[test]
+    fn the_rate_limit_deadline_must_end_before_the_request_does() {
+        assert_eq!(
+            refused(&[("RATELIMIT_DEADLINE", "30s")]),
+            "RATELIMIT_DEADLINE (30s) must be shorter than HTTP_REQUEST_TIMEOUT (30s)"
+        );
+        assert_eq!(
+            refused(&[("HTTP_REQUEST_TIMEOUT", "10ms")]),
+            "RATELIMIT_DEADLINE (20ms) must be shorter than HTTP_REQUEST_TIMEOUT (10ms)"
+        );
+        WebConfig::load_from(
+            None,
+            env(&[("RATELIMIT_DEADLINE", "1s"), ("HTTP_REQUEST_TIMEOUT", "2s")]),
+        )
+        .unwrap()
+        .validate()
+        .unwrap();
     }
 }

@@ -86,12 +86,13 @@ pub fn quota_problem(e: quota::QuotaError) -> Problem {
 /// index look-up or a batch over arrays, whose custom plans PostgreSQL would otherwise re-plan
 /// on every execution (12% more `POST` throughput measured, docs/benchmarks.md).
 pub fn pool(config: &WebConfig) -> anyhow::Result<PgPool> {
+    config.check_connections().map_err(anyhow::Error::msg)?;
     let options: PgConnectOptions = config
         .database_url
         .parse()
         .context("DATABASE_URL is not a PostgreSQL URL")?;
     Ok(PgPoolOptions::new()
-        .max_connections(config.database_max_connections.max(1))
+        .max_connections(config.database_max_connections)
         .acquire_timeout(Duration::from_secs(10))
         .connect_lazy_with(options.options([("plan_cache_mode", "force_generic_plan")])))
 }
@@ -104,7 +105,10 @@ pub fn build_state(
     pool: PgPool,
     batch_thread: &batch::BatchThread,
 ) -> anyhow::Result<AppState> {
-    config.validate().map_err(anyhow::Error::msg)?;
+    config
+        .validate()
+        .map_err(anyhow::Error::msg)
+        .context("invalid configuration")?;
     let quota = quota::Quota::new(config.quota.clone()).context("quota configuration")?;
     let limiter = if config.ratelimit_enabled {
         Some(
@@ -135,7 +139,7 @@ pub fn build_state(
         64,
         1,
     );
-    let enqueue_collectors = config.enqueue_batch_concurrency.max(1);
+    let enqueue_collectors = config.enqueue_batch_concurrency;
     let enqueuer = batch::Batcher::start(
         batch_thread,
         enqueue::EnqueueRunner {
@@ -259,8 +263,12 @@ pub struct Server {
 }
 
 impl Server {
-    /// Builds the state and binds `config.http_addr`.
+    /// Checks `config`, builds the state and binds `config.http_addr`.
     pub async fn bind(config: &WebConfig) -> anyhow::Result<Server> {
+        config
+            .validate()
+            .map_err(anyhow::Error::msg)
+            .context("invalid configuration")?;
         let pool = pool(config)?;
         Self::bind_with_pool(config, pool).await
     }

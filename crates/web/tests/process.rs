@@ -187,3 +187,98 @@ async fn migrate_and_admin_subcommands() {
     assert!(!ok);
     assert!(err.contains("no user"), "{err}");
 }
+
+#[tokio::test]
+async fn bad_settings_stop_the_start_with_one_line_and_write_nothing() {
+    let db = TestDb::new().await;
+    let bin = env!("CARGO_BIN_EXE_web");
+    for (env, needle) in [
+        (
+            ("DATABASE_MAX_CONNECTIONS", "0"),
+            "DATABASE_MAX_CONNECTIONS must be at least 1, got 0",
+        ),
+        (
+            ("HTTP_REQUEST_TIMEOUT", "0s"),
+            "HTTP_REQUEST_TIMEOUT must be longer than zero",
+        ),
+        (
+            ("RATELIMIT_DEADLINE", "0s"),
+            "RATELIMIT_DEADLINE must be longer than zero",
+        ),
+        (
+            ("RATELIMIT_DEADLINE", "30"),
+            "environment variable RATELIMIT_DEADLINE=\"30\": expected a duration with a unit, such as `30s`",
+        ),
+        (
+            ("RATELIMIT_DEADLINE", "1m"),
+            "RATELIMIT_DEADLINE (60s) must be shorter than HTTP_REQUEST_TIMEOUT (30s)",
+        ),
+        (
+            ("RESOLVE_TIMEOUT", "0s"),
+            "RESOLVE_TIMEOUT must be longer than zero",
+        ),
+        (
+            ("HTTP_BODY_LIMIT", "0"),
+            "HTTP_BODY_LIMIT must be at least 1 byte",
+        ),
+        (
+            ("ENQUEUE_BATCH_MAX", "0"),
+            "ENQUEUE_BATCH_MAX must be between 1 and 10000",
+        ),
+        (
+            ("ENQUEUE_BATCH_MAX", "4611686018427387904"),
+            "ENQUEUE_BATCH_MAX must be between 1 and 10000",
+        ),
+        (
+            ("ENQUEUE_BATCH_CONCURRENCY", "0"),
+            "ENQUEUE_BATCH_CONCURRENCY must be between 1 and 64",
+        ),
+        (
+            ("ENQUEUE_BATCH_CONCURRENCY", "1000000"),
+            "ENQUEUE_BATCH_CONCURRENCY must be between 1 and 64",
+        ),
+        (
+            ("METRICS_EXPORT_INTERVAL", "0s"),
+            "METRICS_EXPORT_INTERVAL must be longer than zero",
+        ),
+        (
+            ("OTLP_EXPORT_TIMEOUT", "18446744073709551615s"),
+            "OTLP_EXPORT_TIMEOUT",
+        ),
+        (
+            ("QUOTA_ANALYSIS_FREE_LIMIT", "-3"),
+            "environment variable QUOTA_ANALYSIS_FREE_LIMIT=\"-3\": invalid value: integer `-3`, expected u32",
+        ),
+    ] {
+        let line = db.refused_start(bin, &["serve"], &[env]).await;
+        assert!(line.starts_with("web: "), "{line}");
+        assert!(line.contains(needle), "{env:?}: {line}");
+    }
+    // The subcommands build a pool too; a pool of 0 used to be raised to 1 quietly.
+    for args in [
+        &["migrate"][..],
+        &["admin", "create-user", "--name", "X", "--tier", "pro"][..],
+    ] {
+        let line = db
+            .refused_start(bin, args, &[("DATABASE_MAX_CONNECTIONS", "0")])
+            .await;
+        assert_eq!(
+            line, "web: DATABASE_MAX_CONNECTIONS must be at least 1, got 0",
+            "{args:?}"
+        );
+    }
+    // A misspelt key in the --config file.
+    let file = std::env::temp_dir().join(format!("fairlane-web-{}.toml", uuid::Uuid::new_v4()));
+    std::fs::write(&file, "http_request_timout = \"5s\"\n").unwrap();
+    let path = file.to_str().unwrap().to_owned();
+    let line = db
+        .refused_start(bin, &["--config", &path, "serve"], &[])
+        .await;
+    std::fs::remove_file(&file).unwrap();
+    assert_eq!(
+        line,
+        format!(
+            "web: loading configuration: config file {path}: unknown setting `http_request_timout` (settings are the environment variables' names in lower case)"
+        )
+    );
+}
