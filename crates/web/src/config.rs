@@ -39,6 +39,12 @@ pub struct WebConfig {
     pub http_request_timeout: Duration,
     /// Largest request body accepted, in bytes.
     pub http_body_limit: usize,
+    /// A request's headers must arrive within this, counted from when the connection is ready
+    /// for them (an idle keep-alive connection is closed after it too).
+    #[serde(with = "humantime_serde")]
+    pub http_header_read_timeout: Duration,
+    /// Connections open at once; further ones wait in the listen backlog.
+    pub http_max_connections: usize,
     /// Cap on resolving a branch or tag to a commit (`git ls-remote`), DNS included.
     #[serde(with = "humantime_serde")]
     pub resolve_timeout: Duration,
@@ -74,6 +80,8 @@ impl Default for WebConfig {
             analyzer_allow_private_hosts: false,
             http_request_timeout: Duration::from_secs(30),
             http_body_limit: 16 * 1024,
+            http_header_read_timeout: Duration::from_secs(10),
+            http_max_connections: 4096,
             resolve_timeout: Duration::from_secs(10),
             enqueue_batch_max: 64,
             enqueue_batch_concurrency: 1,
@@ -94,7 +102,18 @@ pub const MAX_ENQUEUE_BATCH: usize = 10_000;
 /// of its own, outside `DATABASE_MAX_CONNECTIONS`.
 pub const MAX_ENQUEUE_BATCH_CONCURRENCY: usize = 64;
 
+/// The largest `HTTP_MAX_CONNECTIONS` accepted (a permit of a semaphore each).
+pub const MAX_HTTP_CONNECTIONS: usize = 1_000_000;
+
 impl WebConfig {
+    /// How the accept loop bounds its clients.
+    pub fn connection_limits(&self) -> crate::serve::ConnectionLimits {
+        crate::serve::ConnectionLimits {
+            header_read_timeout: self.http_header_read_timeout,
+            max_connections: self.http_max_connections,
+        }
+    }
+
     /// Checks what loading cannot, naming the variable: an `ADMIN_TOKEN`, when set, is at least
     /// [`ADMIN_TOKEN_MIN_CHARS`] characters (an empty one is unset: the admin API is off); no
     /// count or timeout is zero; `RATELIMIT_DEADLINE` is shorter than `HTTP_REQUEST_TIMEOUT`;
@@ -113,6 +132,7 @@ impl WebConfig {
         self.check_connections()?;
         for (name, d) in [
             ("HTTP_REQUEST_TIMEOUT", self.http_request_timeout),
+            ("HTTP_HEADER_READ_TIMEOUT", self.http_header_read_timeout),
             ("RATELIMIT_DEADLINE", self.ratelimit_deadline),
             ("RESOLVE_TIMEOUT", self.resolve_timeout),
         ] {
@@ -139,6 +159,11 @@ impl WebConfig {
                 "ENQUEUE_BATCH_CONCURRENCY",
                 self.enqueue_batch_concurrency,
                 MAX_ENQUEUE_BATCH_CONCURRENCY,
+            ),
+            (
+                "HTTP_MAX_CONNECTIONS",
+                self.http_max_connections,
+                MAX_HTTP_CONNECTIONS,
             ),
         ] {
             if !(1..=max).contains(&n) {
@@ -259,6 +284,7 @@ mod tests {
         );
         for name in [
             "HTTP_REQUEST_TIMEOUT",
+            "HTTP_HEADER_READ_TIMEOUT",
             "RATELIMIT_DEADLINE",
             "RESOLVE_TIMEOUT",
         ] {
@@ -286,6 +312,10 @@ mod tests {
         assert_eq!(
             refused(&[("ENQUEUE_BATCH_CONCURRENCY", "100000")]),
             "ENQUEUE_BATCH_CONCURRENCY must be between 1 and 64, got 100000"
+        );
+        assert_eq!(
+            refused(&[("HTTP_MAX_CONNECTIONS", "0")]),
+            "HTTP_MAX_CONNECTIONS must be between 1 and 1000000, got 0"
         );
         assert!(
             refused(&[("METRICS_EXPORT_INTERVAL", "0s")]).starts_with("METRICS_EXPORT_INTERVAL")

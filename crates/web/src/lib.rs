@@ -21,6 +21,7 @@ pub mod openapi;
 pub mod problem;
 pub mod rate;
 pub mod routes;
+pub mod serve;
 pub mod state;
 
 use std::net::SocketAddr;
@@ -258,6 +259,7 @@ pub fn with_layers(routes: Router<AppState>, state: AppState, config: &WebConfig
 pub struct Server {
     listener: TcpListener,
     app: Router,
+    limits: serve::ConnectionLimits,
     pool: PgPool,
     batch_thread: batch::BatchThread,
 }
@@ -285,6 +287,7 @@ impl Server {
         Ok(Server {
             listener,
             app,
+            limits: config.connection_limits(),
             pool,
             batch_thread,
         })
@@ -299,13 +302,7 @@ impl Server {
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let addr = self.local_addr()?;
         tracing::info!(%addr, "listening");
-        axum::serve(
-            self.listener,
-            self.app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
-        .context("HTTP server failed")?;
+        serve::serve(self.listener, self.app, self.limits, shutdown).await;
         tracing::info!("HTTP server stopped; in-flight requests finished");
         // The state, and with it the batchers, went with the server: the collectors stop.
         if !self.batch_thread.stop(Duration::from_secs(10)).await {
