@@ -1,10 +1,11 @@
-//! `cargo xtask dev`: the whole system on this machine. Without `DATABASE_URL` it starts a private
-//! PostgreSQL from the installed server binaries (in `.fairlane/`), creates the `fairlane_dev`
-//! database and migrates it; creates one demo user per tier and prints their API keys and a sample
-//! `curl`; starts every Fairlane service; and on Ctrl-C stops them all, then the private
-//! PostgreSQL if this run started it. A Ctrl-C during those startup steps stops the same way:
-//! the handler is installed first, and the next step does not start. Without `REDIS_URL` the API
-//! uses the in-memory rate limiter.
+//! `cargo xtask dev`: the whole system on this machine. Without `DATABASE_URL` (unset or empty, as
+//! everywhere) it starts a private PostgreSQL from the installed server binaries (in `.fairlane/`),
+//! creates the `fairlane_dev` database and migrates it; creates one demo user per tier and prints
+//! their API keys and a sample `curl`; starts every Fairlane service; and on Ctrl-C stops them
+//! all, then the private PostgreSQL if this run started it. A Ctrl-C during those startup steps
+//! stops the same way: the handler is installed first, and the next step does not start. Without
+//! `REDIS_URL` the API uses the in-memory rate limiter. `--port` is the API's; 0 and the other
+//! services' ports (9091–9093) are refused before anything starts.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -14,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use crate::services::{self, Durability, libpq_url};
+use crate::services::{self, Durability, env_setting, libpq_url};
 use crate::test::cargo;
 use crate::{say, workspace_root};
 
@@ -29,6 +30,8 @@ const SERVICES: [(&str, u16); 4] = [
 ];
 
 pub(crate) fn run(port: u16) -> anyhow::Result<()> {
+    // Before anything starts: a port dev cannot use would only fail after the 60 s readiness wait.
+    check_port(port)?;
     // First of all: until this handler is in place, a Ctrl-C kills xtask outright, no `Drop`
     // runs, and a private PostgreSQL this run started (in a session of its own, out of reach
     // of the terminal's Ctrl-C) would keep running.
@@ -50,6 +53,26 @@ pub(crate) fn run(port: u16) -> anyhow::Result<()> {
     }
 }
 
+/// Refuses an API port that `dev` cannot serve on: 0 (dev waits for the API on the port it
+/// gave it, and prints it) and the fixed ports of the other services' HTTP surfaces.
+fn check_port(port: u16) -> anyhow::Result<()> {
+    if port == 0 {
+        bail!("--port 0: the API needs a fixed port (dev waits for it there and prints it)");
+    }
+    if let Some((bin, _)) = SERVICES.iter().find(|(_, p)| *p == port) {
+        let taken: Vec<String> = SERVICES
+            .iter()
+            .filter(|(_, p)| *p != 0)
+            .map(|(b, p)| format!("{p} ({b})"))
+            .collect();
+        bail!(
+            "--port {port} is {bin}'s HTTP port; dev gives the other services {}: choose another",
+            taken.join(", ")
+        );
+    }
+    Ok(())
+}
+
 /// The startup steps, then the services until a stop is requested or one of them dies. The
 /// stop request is checked between steps; whatever was started is stopped on every way out
 /// (the guards' `Drop`).
@@ -57,9 +80,9 @@ fn start_and_run(port: u16, stop: &StopRequest) -> anyhow::Result<()> {
     let root = workspace_root();
     // Declared before the services, so that on every way out it is dropped after them.
     let mut private_postgres = PrivatePostgres(None);
-    let database_url = match std::env::var("DATABASE_URL") {
-        Ok(url) => url,
-        Err(_) => {
+    let database_url = match env_setting("DATABASE_URL") {
+        Some(url) => url,
+        None => {
             let (server, started) = services::start_private_postgres_owned(Durability::Default)?;
             private_postgres.0 = started;
             stop.check()?;
@@ -96,7 +119,7 @@ fn start_and_run(port: u16, stop: &StopRequest) -> anyhow::Result<()> {
                 .into_owned(),
         ),
     ];
-    if let Ok(redis) = std::env::var("REDIS_URL") {
+    if let Some(redis) = env_setting("REDIS_URL") {
         env.push(("REDIS_URL".into(), redis));
     }
     if std::env::var_os("RUST_LOG").is_none() {

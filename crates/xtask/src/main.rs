@@ -41,7 +41,7 @@ enum Command {
     Tools,
     /// Run the whole system on this machine until Ctrl-C.
     Dev {
-        /// Port of the HTTP API.
+        /// Port of the HTTP API (not 0, and not 9091–9093, the other services' ports).
         #[arg(long, default_value_t = 8080)]
         port: u16,
     },

@@ -34,11 +34,17 @@ fn private_only() -> bool {
     std::env::var("XTASK_PRIVATE_SERVERS").is_ok_and(|v| v == "1")
 }
 
+/// The environment variable `name`, with an empty value counting as unset (as in every Fairlane
+/// service's configuration).
+pub(crate) fn env_setting(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|value| !value.is_empty())
+}
+
 pub(crate) fn postgres(durability: Durability) -> anyhow::Result<String> {
     if private_only() {
         return start_private_postgres(durability);
     }
-    if let Ok(url) = std::env::var("DATABASE_URL") {
+    if let Some(url) = env_setting("DATABASE_URL") {
         return Ok(url);
     }
     if reachable("127.0.0.1:5432") {
@@ -52,7 +58,7 @@ pub(crate) fn redis() -> anyhow::Result<String> {
     if private_only() {
         return start_private_redis();
     }
-    if let Ok(url) = std::env::var("REDIS_URL") {
+    if let Some(url) = env_setting("REDIS_URL") {
         return Ok(url);
     }
     if redis_answers("127.0.0.1:6379") {

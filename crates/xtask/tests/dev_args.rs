@@ -1,0 +1,136 @@
+//! `cargo xtask dev` refuses what it cannot use before it starts anything: `--port 0` and the
+//! ports of the other services (it used to build everything, start the services and fail after
+//! its 60 s readiness wait), and it treats an empty `DATABASE_URL` as unset, as every service
+//! does (it used to hand the empty URL to the services, which then used their default database).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A fresh folder for one test's stand-in tools and their marker files.
+fn scratch_dir(label: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("fairlane-xtask-{label}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Writes an executable shell script `name` into `dir` that records its arguments in
+/// `<name>.called` and fails.
+fn stand_in(dir: &Path, name: &str) -> PathBuf {
+    let path = dir.join(name);
+    let marker = dir.join(format!("{name}.called"));
+    std::fs::write(
+        &path,
+        format!("#!/bin/sh\necho \"$@\" >> '{}'\nexit 1\n", marker.display()),
+    )
+    .unwrap();
+    let status = Command::new("chmod").arg("+x").arg(&path).status().unwrap();
+    assert!(status.success());
+    path
+}
+
+/// Runs `xtask dev` with `args` and `envs`, the stand-in cargo of `dir` and `dir` first on the
+/// PATH; it must exit within 30 s.
+fn dev(dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Output {
+    let path = format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xtask"))
+        .arg("dev")
+        .args(args)
+        .env("CARGO", dir.join("cargo"))
+        .env("PATH", path)
+        .env_remove("REDIS_URL")
+        .env_remove("XTASK_PRIVATE_SERVERS")
+        .envs(envs.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("xtask dev {args:?} still runs after 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn ports_dev_cannot_serve_on_are_refused_before_anything_starts() {
+    let dir = scratch_dir("port");
+    stand_in(&dir, "cargo");
+    for (port, expected) in [
+        (
+            "0",
+            "xtask: --port 0: the API needs a fixed port (dev waits for it there and prints it)",
+        ),
+        (
+            "9092",
+            "xtask: --port 9092 is specgen-worker's HTTP port; dev gives the other services 9091 (analyzer-worker), 9092 (specgen-worker), 9093 (scheduler): choose another",
+        ),
+    ] {
+        let out = dev(
+            &dir,
+            &["--port", port],
+            &[(
+                "DATABASE_URL",
+                "postgres://postgres@127.0.0.1:1/never-reached",
+            )],
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "--port {port}: {stderr}");
+        assert_eq!(stderr.trim_end(), expected);
+        assert!(
+            !dir.join("cargo.called").exists(),
+            "--port {port}: dev started building"
+        );
+    }
+    for port in ["9091", "9093"] {
+        let out = dev(
+            &dir,
+            &["--port", port],
+            &[(
+                "DATABASE_URL",
+                "postgres://postgres@127.0.0.1:1/never-reached",
+            )],
+        );
+        assert_eq!(out.status.code(), Some(1));
+        assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("--port {port} is ")));
+    }
+    assert!(!dir.join("cargo.called").exists());
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn an_empty_database_url_is_unset() {
+    let dir = scratch_dir("empty-url");
+    stand_in(&dir, "cargo");
+    stand_in(&dir, "psql");
+    // Something answers on the private server's port (this listener, or a private server
+    // already running), so dev takes that path without initdb; the stand-in psql keeps it from
+    // touching whatever answers.
+    let _listener = std::net::TcpListener::bind("127.0.0.1:55432");
+    let out = dev(&dir, &["--port", "18080"], &[("DATABASE_URL", "")]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("could not create database fairlane_dev"),
+        "{stderr}"
+    );
+    let psql = std::fs::read_to_string(dir.join("psql.called")).expect("dev never ran psql");
+    assert!(psql.contains("127.0.0.1:55432"), "{psql}");
+    assert!(
+        !dir.join("cargo.called").exists(),
+        "dev went on with the empty DATABASE_URL"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
