@@ -48,6 +48,8 @@ pub struct WebConfig {
     /// Cap on resolving a branch or tag to a commit (`git ls-remote`), DNS included.
     #[serde(with = "humantime_serde")]
     pub resolve_timeout: Duration,
+    /// Most `git ls-remote` processes at once (requests naming a branch or tag); more wait.
+    pub resolve_concurrency: usize,
     /// Most `POST` requests enqueued together in one transaction (docs/web.md, ADR 0007).
     pub enqueue_batch_max: usize,
     /// Enqueue transactions running at once, each for its own share of the users (each with a
@@ -83,6 +85,7 @@ impl Default for WebConfig {
             http_header_read_timeout: Duration::from_secs(10),
             http_max_connections: 4096,
             resolve_timeout: Duration::from_secs(10),
+            resolve_concurrency: 8,
             enqueue_batch_max: 64,
             enqueue_batch_concurrency: 1,
             quota: quota::QuotaConfig::default(),
@@ -104,6 +107,9 @@ pub const MAX_ENQUEUE_BATCH_CONCURRENCY: usize = 64;
 
 /// The largest `HTTP_MAX_CONNECTIONS` accepted (a permit of a semaphore each).
 pub const MAX_HTTP_CONNECTIONS: usize = 1_000_000;
+
+/// The largest `RESOLVE_CONCURRENCY` accepted: each is a git process of up to 256 MiB.
+pub const MAX_RESOLVE_CONCURRENCY: usize = 256;
 
 impl WebConfig {
     /// How the accept loop bounds its clients.
@@ -164,6 +170,11 @@ impl WebConfig {
                 "HTTP_MAX_CONNECTIONS",
                 self.http_max_connections,
                 MAX_HTTP_CONNECTIONS,
+            ),
+            (
+                "RESOLVE_CONCURRENCY",
+                self.resolve_concurrency,
+                MAX_RESOLVE_CONCURRENCY,
             ),
         ] {
             if !(1..=max).contains(&n) {
@@ -312,6 +323,10 @@ mod tests {
         assert_eq!(
             refused(&[("ENQUEUE_BATCH_CONCURRENCY", "100000")]),
             "ENQUEUE_BATCH_CONCURRENCY must be between 1 and 64, got 100000"
+        );
+        assert_eq!(
+            refused(&[("RESOLVE_CONCURRENCY", "0")]),
+            "RESOLVE_CONCURRENCY must be between 1 and 256, got 0"
         );
         assert_eq!(
             refused(&[("HTTP_MAX_CONNECTIONS", "0")]),

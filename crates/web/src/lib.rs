@@ -98,6 +98,9 @@ pub fn pool(config: &WebConfig) -> anyhow::Result<PgPool> {
         .connect_lazy_with(options.options([("plan_cache_mode", "force_generic_plan")])))
 }
 
+/// The address-space cap of the `git ls-remote` that resolves a branch or tag.
+pub const RESOLVE_GIT_MEMORY: u64 = 256 * 1024 * 1024;
+
 /// Builds the shared state (rate limiter, quota, queue client with the quota hook, the
 /// batching enqueuer and key look-up, whose collectors run on `batch_thread`). Must be called
 /// inside a Tokio runtime (the wake-up sender starts on it).
@@ -159,6 +162,9 @@ pub fn build_state(
     url_policy.dns_timeout = config.resolve_timeout;
     let resolve_limits = inventory::Limits {
         resolve_time: config.resolve_timeout,
+        // `ls-remote` holds the remote's ref list; git needs far less than a fetch (a TLS
+        // handshake and an HTTP exchange run in 64 MiB).
+        max_git_memory: RESOLVE_GIT_MEMORY,
         ..inventory::Limits::default()
     };
     let request_duration = opentelemetry::global::meter("fairlane")
@@ -177,6 +183,7 @@ pub fn build_state(
         limiter,
         url_policy,
         resolve_limits,
+        resolves: Arc::new(tokio::sync::Semaphore::new(config.resolve_concurrency)),
         admin_token: config.admin_token.clone(),
         request_duration,
         docs_html: docs::render(&doc),

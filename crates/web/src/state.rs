@@ -27,6 +27,8 @@ pub struct Inner {
     pub limiter: Option<ratelimit::Limiter>,
     pub url_policy: inventory::UrlPolicy,
     pub resolve_limits: inventory::Limits,
+    /// `git ls-remote` runs at once (`RESOLVE_CONCURRENCY`); more requests wait for a permit.
+    pub resolves: Arc<tokio::sync::Semaphore>,
     pub admin_token: Option<String>,
     pub request_duration: Histogram<f64>,
     pub openapi_json: String,

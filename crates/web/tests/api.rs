@@ -1157,6 +1157,70 @@ fn git(dir: &std::path::Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
+/// A repository in a fresh folder with one commit on `main`.
+fn repository_with_main(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "fairlane-web-{tag}-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    git(&dir, &["init", "-q", "-b", "main"]);
+    std::fs::write(dir.join("lib_test.go"), "package x\n").unwrap();
+    git(&dir, &["add", "."]);
+    git(&dir, &["commit", "-q", "-m", "one"]);
+    dir
+}
+
+/// At most `RESOLVE_CONCURRENCY` `git ls-remote` run at once. With one permit, a request whose
+/// ls-remote hangs (its repository's `packed-refs` is a FIFO no one writes yet) holds it, and a
+/// second request naming a branch waits for it; once the first is released, both are answered.
+#[tokio::test]
+async fn branch_resolves_run_at_most_resolve_concurrency_at_once() {
+    let db = TestDb::new().await;
+    let mut config = config(&db);
+    config.resolve_concurrency = 1;
+    let s = TestServer::start(config).await;
+    let (_, key) = user_with_key(&db.pool, "pro").await;
+    let stalled = repository_with_main("stalled");
+    let fifo = stalled.join(".git/packed-refs");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let fine = repository_with_main("fine");
+    let post = |dir: &std::path::Path| {
+        let (http, key) = (s.http.clone(), key.clone());
+        let body = json!({"repository": format!("file://{}", dir.display()), "ref": "main"});
+        tokio::spawn(async move { http.post_json("/v1/analyses", &key, &body).await })
+    };
+
+    let first = post(&stalled);
+    let stalled_name = stalled.display().to_string();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while testkit::git_fixture::processes_mentioning(&stalled_name).is_empty() {
+        assert!(std::time::Instant::now() < deadline, "git never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let second = post(&fine);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!second.is_finished(), "the second resolve did not wait");
+
+    // Writing nothing and closing gives the reader an empty `packed-refs`.
+    drop(std::fs::OpenOptions::new().write(true).open(&fifo).unwrap());
+    for answer in [first, second] {
+        let r = tokio::time::timeout(Duration::from_secs(10), answer)
+            .await
+            .expect("answered once the permit is free")
+            .unwrap();
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+    for dir in [stalled, fine] {
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn branch_and_tag_refs_resolve_against_the_repository() {
     let db = TestDb::new().await;

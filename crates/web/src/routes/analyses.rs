@@ -91,6 +91,14 @@ async fn resolve_commit(
         .vet(&state.url_policy)
         .await
         .map_err(|e| refused(&e))?;
+    // A bounded number of git processes at once, whatever the number of requests: each holds
+    // memory and a process slot (`RESOLVE_CONCURRENCY`). The wait counts against the request's
+    // timeout.
+    let _permit = state
+        .resolves
+        .acquire()
+        .await
+        .map_err(|_| Problem::internal(&"the resolve permits were closed"))?;
     let resolved = inventory::resolve_ref(&vetted, git_ref, &state.resolve_limits)
         .await
         .map_err(|e| fetch_problem(&e))?;
