@@ -75,28 +75,44 @@ pub fn unique_key(repository: &str) -> String {
 
 /// Up to `limit` repositories due for re-analysis, stalest first.
 ///
+/// A repository is its cache key (`inventory::RepoUrl::cache_key`): `…/o/r` and `…/o/r.git` are
+/// one repository, fresh if either spelling was analysed recently, re-analysed once under the
+/// spelling analysed last (for `file://`, every spelling is its own repository).
+///
 /// Cost: one pass over the completed-analyses recency index (`analyses_repository_recency`,
-/// an index-only scan grouped by repository), then two index probes per candidate
-/// (`analyses_system_recency`, `fairlane_job_unique_key`). It runs once per tick.
+/// an index-only scan grouped by repository), then two index probes per spelling of each
+/// candidate (`analyses_system_recency`, `fairlane_job_unique_key`). It runs once per tick.
 pub async fn stale_repositories(
     conn: &mut PgConnection,
     after: Duration,
     limit: u32,
 ) -> Result<Vec<String>, sqlx::Error> {
     sqlx::query_scalar(
-        "WITH latest AS ( \
+        "WITH spelled AS ( \
              SELECT repository, max(completed_at) AS completed_at \
-             FROM analyses WHERE state = 'completed' GROUP BY repository) \
+             FROM analyses WHERE state = 'completed' GROUP BY repository), \
+         keyed AS ( \
+             SELECT repository, completed_at, \
+                    CASE WHEN repository LIKE 'https://%' \
+                         THEN regexp_replace(repository, '([^/])\\.git$', '\\1') \
+                         ELSE repository END AS key \
+             FROM spelled), \
+         latest AS ( \
+             SELECT key, max(completed_at) AS completed_at, \
+                    (array_agg(repository ORDER BY completed_at DESC, repository))[1] AS repository, \
+                    CASE WHEN key LIKE 'https://%' THEN ARRAY[key, key || '.git'] \
+                         ELSE ARRAY[key] END AS spellings \
+             FROM keyed GROUP BY key) \
          SELECT l.repository FROM latest l \
          WHERE l.completed_at < now() - make_interval(secs => $1) \
            AND octet_length(l.repository) <= $3 \
            AND NOT EXISTS ( \
                SELECT 1 FROM analyses s \
-               WHERE s.user_id IS NULL AND s.repository = l.repository \
+               WHERE s.user_id IS NULL AND s.repository = ANY(l.spellings) \
                  AND s.created_at >= now() - make_interval(secs => $1)) \
            AND NOT EXISTS ( \
                SELECT 1 FROM fairlane_job j \
-               WHERE j.unique_key = $4 || l.repository \
+               WHERE j.unique_key IN (SELECT $4 || spelling FROM unnest(l.spellings) AS spelling) \
                  AND j.state IN ('available', 'scheduled', 'running', 'retryable')) \
          ORDER BY l.completed_at, l.repository \
          LIMIT $2",

@@ -121,6 +121,46 @@ async fn stale_repositories_are_the_stalest_first_skipping_fresh_pending_and_rec
     );
 }
 
+/// `…/o/r` and `…/o/r.git` are one repository (the cache key): fresh when either spelling was
+/// analysed lately, re-analysed once (under the spelling analysed last) when both are stale,
+/// and not again while a re-analysis of either spelling is pending. `file://` spellings stay
+/// apart.
+#[tokio::test]
+async fn two_spellings_of_one_repository_are_one_repository() {
+    let db = TestDb::new().await;
+    let p = &db.pool;
+    analysis(p, "https://x.test/o/fresh", false, "completed", 1).await;
+    analysis(p, "https://x.test/o/fresh.git", false, "completed", 30).await;
+    analysis(p, "https://x.test/o/stale.git", false, "completed", 20).await;
+    analysis(p, "https://x.test/o/stale", false, "completed", 25).await;
+    analysis(p, "https://x.test/o/tried", false, "completed", 40).await;
+    analysis(p, "https://x.test/o/tried.git", true, "failed", 2).await;
+    analysis(p, "https://x.test/o/queued.git", false, "completed", 50).await;
+    let job = queue::NewJob::from_json(
+        "analysis",
+        common::Service::Analysis.queue(common::Lane::Scheduled),
+        serde_json::json!({}),
+    )
+    .unwrap()
+    .unique_key(reanalyze::unique_key("https://x.test/o/queued"));
+    queue::Client::new(p.clone()).insert(job).await.unwrap();
+    analysis(p, "file:///srv/x", false, "completed", 60).await;
+    analysis(p, "file:///srv/x.git", false, "completed", 70).await;
+
+    let mut conn = p.acquire().await.unwrap();
+    let stale = reanalyze::stale_repositories(&mut conn, WEEK, 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        stale,
+        [
+            "file:///srv/x.git",
+            "file:///srv/x",
+            "https://x.test/o/stale.git"
+        ]
+    );
+}
+
 #[tokio::test]
 async fn a_tick_enqueues_system_jobs_with_their_rows_once() {
     let db = TestDb::new().await;
