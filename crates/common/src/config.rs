@@ -48,9 +48,9 @@ where
 /// An environment value takes the JSON type of the field's default: numbers and booleans are
 /// parsed (and refused with a message naming the variable when they do not parse); everything
 /// else (strings, durations such as `30s`, optional settings) is kept as the exact text, so a
-/// token like `0123` stays `0123`. An empty variable counts as unset. A setting whose default
-/// is a duration (`30s`) takes only a duration with a unit, of at most [`MAX_DURATION`], from
-/// the environment and the file alike. Any value the settings' types refuse (`-3` for a count)
+/// token like `0123` stays `0123`. An empty variable (or an empty string in the file) counts as
+/// unset. A setting whose default is a duration (`30s`) takes only a duration with a unit, of
+/// at most [`MAX_DURATION`], from the environment and the file alike. Any value the settings' types refuse (`-3` for a count)
 /// is reported with the variable's name, or the file's key.
 pub fn load_from<T, I>(file: Option<&Path>, env: I) -> Result<T, ConfigError>
 where
@@ -78,6 +78,10 @@ where
                     ),
                 });
             };
+            // As in the environment, an empty value means the setting is not set.
+            if value.as_str() == Some("") {
+                continue;
+            }
             let origin = Origin::File(path.clone());
             if let Value::String(default) = default
                 && is_duration(default)

@@ -53,16 +53,17 @@ impl QueueError {
 }
 
 /// Class 40 (transaction rollback: serialization failure, deadlock), 55P03 (lock not available)
-/// and 57014 (statement timeout or cancel); and states of the server that pass: class 53
-/// (insufficient resources: disk full, out of memory, too many connections), 58000 and 58030
-/// (system and I/O errors), and 25006 (a read-only transaction: a standby during a failover,
-/// or `default_transaction_read_only` while an operator works).
+/// and 57014 (statement timeout or cancel); and states of the server that pass whatever the
+/// statement: 53100 (disk full), 58030 (I/O error) and 25006 (a read-only transaction: a standby
+/// during a failover, or `default_transaction_read_only` while an operator works). Out of memory
+/// (53200, also "out of shared memory") and a configuration limit (53400) can be this
+/// statement's own doing, so they stay refusals: the completer then splits the batch instead of
+/// retrying it for ever.
 fn is_lost_conflict(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Database(db) => db.code().is_some_and(|c| {
             c.starts_with("40")
-                || c.starts_with("53")
-                || matches!(c.as_ref(), "55P03" | "57014" | "58000" | "58030" | "25006")
+                || matches!(c.as_ref(), "55P03" | "57014" | "53100" | "58030" | "25006")
         }),
         _ => false,
     }
@@ -140,10 +141,11 @@ mod tests {
         assert!(!QueueError::InvalidJob("no".into()).is_transient());
     }
 
-    /// A server that passes through a failover (read-only), a full disk, a lack of memory or an
-    /// I/O error refuses every statement for a while: retried, not recorded as the job's failure.
+    /// A server that passes through a failover (read-only), a full disk or an I/O error refuses
+    /// every statement for a while: retried, not recorded as the job's failure. Out of memory can
+    /// be the statement's own doing (a batch that takes too many locks): a refusal.
     #[tokio::test]
-    async fn a_server_that_is_read_only_or_short_of_resources_is_transient() {
+    async fn a_server_that_is_read_only_out_of_disk_or_failing_io_is_transient() {
         let db = TestDb::new().await;
         let read_only = error_after(
             &db.pool,
@@ -152,13 +154,15 @@ mod tests {
         )
         .await;
         assert!(read_only.is_transient(), "{read_only}");
-        for state in ["disk_full", "out_of_memory", "io_error", "system_error"] {
+        for state in ["disk_full", "io_error"] {
             assert!(
                 error_of(&db.pool, &raising(state)).await.is_transient(),
                 "{state}"
             );
         }
         for state in [
+            "out_of_memory",
+            "configuration_limit_exceeded",
             "undefined_file",
             "check_violation",
             "invalid_text_representation",

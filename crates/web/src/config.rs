@@ -40,7 +40,8 @@ pub struct WebConfig {
     /// Largest request body accepted, in bytes.
     pub http_body_limit: usize,
     /// A request's headers must arrive within this, counted from when the connection is ready
-    /// for them (an idle keep-alive connection is closed after it too).
+    /// for them (an idle keep-alive connection is closed after it too, so it is longer than the
+    /// usual proxies' idle timeout of 60 s: a proxy must never reuse a connection web is closing).
     #[serde(with = "humantime_serde")]
     pub http_header_read_timeout: Duration,
     /// Connections open at once; further ones wait in the listen backlog.
@@ -82,7 +83,7 @@ impl Default for WebConfig {
             analyzer_allow_private_hosts: false,
             http_request_timeout: Duration::from_secs(30),
             http_body_limit: 16 * 1024,
-            http_header_read_timeout: Duration::from_secs(10),
+            http_header_read_timeout: Duration::from_secs(75),
             http_max_connections: 4096,
             resolve_timeout: Duration::from_secs(10),
             resolve_concurrency: 8,
@@ -117,6 +118,8 @@ impl WebConfig {
         crate::serve::ConnectionLimits {
             header_read_timeout: self.http_header_read_timeout,
             max_connections: self.http_max_connections,
+            // A request in progress at shutdown ends within its own timeout.
+            drain_timeout: self.http_request_timeout,
         }
     }
 
@@ -273,6 +276,16 @@ mod tests {
             "{e}"
         );
         let c = WebConfig::load_from(None, env(&[("ADMIN_TOKEN", "")])).unwrap();
+        assert_eq!(c.admin_token, None);
+        c.validate().unwrap();
+        // The same in a config file: an empty value is an unset one.
+        let file = std::env::temp_dir().join(format!(
+            "fairlane-web-empty-token-{}.toml",
+            std::process::id()
+        ));
+        std::fs::write(&file, "admin_token = \"\"\n").unwrap();
+        let c = WebConfig::load_from(Some(&file), Vec::new()).unwrap();
+        std::fs::remove_file(&file).unwrap();
         assert_eq!(c.admin_token, None);
         c.validate().unwrap();
         let c = WebConfig::load_from(None, env(&[("ADMIN_TOKEN", "0123456789abcdef")])).unwrap();

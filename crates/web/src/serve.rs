@@ -4,7 +4,8 @@
 //! limit. Here every connection must deliver a request's headers within `header_read_timeout`
 //! (also when idle between keep-alive requests), at most `max_connections` are open at once (the
 //! next waits in the kernel's backlog), and shutdown stops accepting, lets each connection finish
-//! the request it is serving, and waits for them.
+//! the request it is serving within `drain_timeout` (a client still sending headers is not waited
+//! for longer), and waits for them.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -30,6 +31,9 @@ pub struct ConnectionLimits {
     pub header_read_timeout: Duration,
     /// Connections open at once; further ones wait to be accepted.
     pub max_connections: usize,
+    /// On shutdown, how long a connection may take to finish what it is doing (a request in
+    /// progress, or headers a client is still sending) before it is closed regardless.
+    pub drain_timeout: Duration,
 }
 
 /// Serves `app` on `listener` until `shutdown` fires, then lets the requests in progress finish.
@@ -84,7 +88,10 @@ pub async fn serve(
                 served = connection.as_mut() => log_end(served, peer),
                 () = shutdown.cancelled() => {
                     connection.as_mut().graceful_shutdown();
-                    log_end(connection.await, peer);
+                    match tokio::time::timeout(limits.drain_timeout, connection.as_mut()).await {
+                        Ok(served) => log_end(served, peer),
+                        Err(_) => tracing::debug!(%peer, "connection closed at the drain bound"),
+                    }
                 }
             }
         });

@@ -1,6 +1,7 @@
 //! The accept loop against raw sockets: a client that trickles its headers, or sends none, is
 //! disconnected at `HTTP_HEADER_READ_TIMEOUT`; at most `HTTP_MAX_CONNECTIONS` are served at once,
-//! and the next is served as soon as one closes; a request in progress finishes on shutdown.
+//! and the next is served as soon as one closes; shutdown waits for a client still sending headers
+//! no longer than `HTTP_REQUEST_TIMEOUT`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -105,4 +106,24 @@ async fn connections_beyond_the_cap_wait_until_one_closes() {
     let line = status_line(&mut third, Duration::from_secs(5)).await;
     assert_eq!(line.as_deref(), Some("HTTP/1.1 200 OK"));
     s.stop().await;
+}
+
+#[tokio::test]
+async fn shutdown_does_not_wait_for_a_client_still_sending_headers() {
+    let db = TestDb::new().await;
+    let mut config = config(&db);
+    config.http_header_read_timeout = Duration::from_secs(60);
+    config.http_request_timeout = Duration::from_secs(1);
+    let s = TestServer::start(config).await;
+    let mut slow = TcpStream::connect(s.addr).await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: fairlane\r\n")
+        .await
+        .unwrap();
+    // Let the server read what was sent, so the connection is mid-headers, not idle.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let began = Instant::now();
+    s.stop().await;
+    let took = began.elapsed();
+    assert!(took < Duration::from_secs(5), "shutdown took {took:?}");
+    read_to_close(&mut slow, Duration::from_secs(5)).await;
 }

@@ -38,6 +38,10 @@ fn hardening_config(allow_file: bool, curl_pin: Option<&str>) -> Vec<String> {
         // One thread resolves deltas: the memory cap then bounds one object at a time, and an
         // analysis takes one core whatever the machine has.
         "pack.threads=1",
+        // Pack windows small and few, so mapping a pack near the byte cap stays far below the
+        // address-space cap (git's 64-bit defaults are 1 GiB windows and an 8 GiB total).
+        "core.packedGitWindowSize=32m",
+        "core.packedGitLimit=256m",
         "transfer.fsckObjects=true",
         "http.followRedirects=false",
         "http.sslVerify=true",

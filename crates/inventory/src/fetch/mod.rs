@@ -290,8 +290,13 @@ fn git_for(
 fn classify_failure(stage: Stage, output: &GitOutput, git_ref: Option<&str>) -> FetchError {
     let text = output.stderr.to_ascii_lowercase();
     let has = |needles: &[&str]| needles.iter().any(|n| text.contains(n));
-    // git's own words when an allocation or a mapping fails under `RLIMIT_AS`.
-    if has(&["out of memory", "cannot allocate memory"]) {
+    // git's own words when an allocation or a mapping fails under `RLIMIT_AS`; a server's own
+    // shortage (`remote: …`) is not ours, and may pass.
+    let local_out_of_memory = text
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("remote:"))
+        .any(|line| line.contains("out of memory") || line.contains("cannot allocate memory"));
+    if local_out_of_memory {
         return FetchError::OutOfMemory {
             stage,
             limit: output.memory_cap,
@@ -761,6 +766,41 @@ mod tests {
         assert!(matches!(
             small.feed(listing),
             Err(FetchError::TooManyFiles { limit: 1 })
+        ));
+    }
+
+    #[test]
+    fn only_gits_own_shortage_of_memory_is_out_of_memory() {
+        use std::os::unix::process::ExitStatusExt;
+        let failed = |stderr: &str| GitOutput {
+            status: std::process::ExitStatus::from_raw(128 << 8),
+            stderr: stderr.to_owned(),
+            memory_cap: 1 << 30,
+        };
+        let ours = failed(
+            "fatal: Out of memory, malloc failed (tried to allocate 300000001 bytes)\n\
+             fatal: fetch-pack: invalid index-pack output",
+        );
+        assert!(matches!(
+            classify_failure(Stage::Fetch, &ours, None),
+            FetchError::OutOfMemory {
+                stage: Stage::Fetch,
+                limit: 1073741824
+            }
+        ));
+        let mapped = failed("fatal: mmap failed: Cannot allocate memory");
+        assert!(matches!(
+            classify_failure(Stage::Checkout, &mapped, None),
+            FetchError::OutOfMemory { .. }
+        ));
+        // The server ran short: not this repository's fault here, and it may pass.
+        let theirs = failed(
+            "remote: fatal: Out of memory, malloc failed\n\
+             fatal: early EOF",
+        );
+        assert!(matches!(
+            classify_failure(Stage::Fetch, &theirs, None),
+            FetchError::Git { .. }
         ));
     }
 
