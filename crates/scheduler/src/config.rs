@@ -151,25 +151,6 @@ pub struct Checked {
 /// gauges and the probes each need one.
 pub const MIN_DATABASE_CONNECTIONS: u32 = 4;
 
-/// The variable that sets the queue engine's `field` (the field itself for those the scheduler
-/// does not read, which keep the engine's defaults).
-fn variable(field: &str) -> String {
-    match field {
-        "heartbeat_interval"
-        | "rescue_after"
-        | "rescue_interval"
-        | "promote_interval"
-        | "leader_ttl"
-        | "clean_interval"
-        | "retention_completed"
-        | "maintenance" => {
-            format!("QUEUE_{}", field.to_ascii_uppercase())
-        }
-        "retention_cancelled" | "retention_discarded" => "QUEUE_RETENTION_FAILED".to_owned(),
-        other => other.to_owned(),
-    }
-}
-
 /// A setting that makes no sense, named by its environment variable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid scheduler configuration: {0}")]
@@ -225,7 +206,9 @@ impl Config {
         }
         self.check_connections()?;
         let engine = self.maintenance.to_engine_config();
-        engine.validate_named(variable).map_err(InvalidConfig)?;
+        engine
+            .validate_named(workerkit::config::engine_variable)
+            .map_err(InvalidConfig)?;
         self.telemetry.validate().map_err(InvalidConfig)?;
         Ok(Checked {
             reanalyze,

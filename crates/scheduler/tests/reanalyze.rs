@@ -77,6 +77,19 @@ async fn count(pool: &PgPool, sql: &str) -> i64 {
         .unwrap()
 }
 
+/// A re-analysis job of `repository` waiting in `analysis_scheduled` (its unique key is what
+/// the scheduler checks).
+async fn pending_reanalysis(pool: &PgPool, repository: &str) {
+    let job = queue::NewJob::from_json(
+        "analysis",
+        common::Service::Analysis.queue(common::Lane::Scheduled),
+        serde_json::json!({}),
+    )
+    .unwrap()
+    .unique_key(reanalyze::unique_key(repository));
+    queue::Client::new(pool.clone()).insert(job).await.unwrap();
+}
+
 #[tokio::test]
 async fn stale_repositories_are_the_stalest_first_skipping_fresh_pending_and_recently_tried_ones() {
     let db = TestDb::new().await;
@@ -92,14 +105,7 @@ async fn stale_repositories_are_the_stalest_first_skipping_fresh_pending_and_rec
     analysis(p, "https://x.test/broken", true, "failed", 2).await;
     // Old, with a re-analysis job still pending (its row is old too: the job's key decides).
     analysis(p, "https://x.test/pending", false, "completed", 40).await;
-    let job = queue::NewJob::from_json(
-        "analysis",
-        common::Service::Analysis.queue(common::Lane::Scheduled),
-        serde_json::json!({}),
-    )
-    .unwrap()
-    .unique_key(reanalyze::unique_key("https://x.test/pending"));
-    queue::Client::new(p.clone()).insert(job).await.unwrap();
+    pending_reanalysis(p, "https://x.test/pending").await;
     // Never completed: nothing to refresh.
     analysis(p, "https://x.test/never", false, "failed", 30).await;
 
@@ -136,14 +142,7 @@ async fn two_spellings_of_one_repository_are_one_repository() {
     analysis(p, "https://x.test/o/tried", false, "completed", 40).await;
     analysis(p, "https://x.test/o/tried.git", true, "failed", 2).await;
     analysis(p, "https://x.test/o/queued.git", false, "completed", 50).await;
-    let job = queue::NewJob::from_json(
-        "analysis",
-        common::Service::Analysis.queue(common::Lane::Scheduled),
-        serde_json::json!({}),
-    )
-    .unwrap()
-    .unique_key(reanalyze::unique_key("https://x.test/o/queued"));
-    queue::Client::new(p.clone()).insert(job).await.unwrap();
+    pending_reanalysis(p, "https://x.test/o/queued").await;
     analysis(p, "file:///srv/x", false, "completed", 60).await;
     analysis(p, "file:///srv/x.git", false, "completed", 70).await;
 

@@ -1226,15 +1226,7 @@ async fn branch_and_tag_refs_resolve_against_the_repository() {
     let db = TestDb::new().await;
     let s = start(&db).await;
     let (_, key) = user_with_key(&db.pool, "pro").await;
-    let dir = std::env::temp_dir().join(format!(
-        "fairlane-web-repo-{}",
-        uuid::Uuid::new_v4().simple()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    git(&dir, &["init", "-q", "-b", "main"]);
-    std::fs::write(dir.join("lib_test.go"), "package x\n").unwrap();
-    git(&dir, &["add", "."]);
-    git(&dir, &["commit", "-q", "-m", "one"]);
+    let dir = repository_with_main("repo");
     git(&dir, &["tag", "v1"]);
     let head = git(&dir, &["rev-parse", "HEAD"]);
     let url = format!("file://{}", dir.display());

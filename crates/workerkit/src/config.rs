@@ -146,7 +146,7 @@ impl Default for EngineSettings {
 impl EngineSettings {
     /// Checks the engine's settings, naming their `QUEUE_*` variables.
     pub fn validate(&self) -> Result<(), String> {
-        self.to_engine_config().validate_named(variable)
+        self.to_engine_config().validate_named(engine_variable)
     }
 
     pub fn to_engine_config(&self) -> EngineConfig {
@@ -200,9 +200,10 @@ pub fn check_lanes(prefix: &str, lanes: [usize; 3]) -> Result<(), String> {
     Ok(())
 }
 
-/// The variable that sets the engine's `field` (the field itself for those a worker does not
-/// expose, which keep the engine's defaults).
-fn variable(field: &str) -> String {
+/// The environment variable that sets the queue engine's `field`: `QUEUE_*` for those the
+/// services read (the worker services and the scheduler), the field itself for the rest, which
+/// keep the engine's defaults.
+pub fn engine_variable(field: &str) -> String {
     match field {
         "poll_interval"
         | "job_timeout"
