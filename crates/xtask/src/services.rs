@@ -1,13 +1,16 @@
 //! Finding or starting the PostgreSQL and Redis servers tests, benchmarks and `dev` need.
 //!
-//! Order of preference: the URL in the environment; a server already listening on the standard
-//! local port; a private server started from the installed binaries, with its data in
-//! `.fairlane/` (as the `postgres` user when running as root, because initdb refuses root).
+//! Order of preference: the URL in the environment; a server on the standard local port that
+//! actually lets us in (a PostgreSQL login as `postgres` without a password and `SELECT 1`; a
+//! Redis `PING` answered `+PONG`); a private server started from the installed binaries, with its
+//! data in `.fairlane/` (as the `postgres` user when running as root, because initdb refuses root).
+//! A local server that is there but refuses us (say a stock Debian cluster asking for a password)
+//! is passed over with a one-line note saying why.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -47,10 +50,10 @@ pub(crate) fn postgres(durability: Durability) -> anyhow::Result<String> {
     if let Some(url) = env_setting("DATABASE_URL") {
         return Ok(url);
     }
-    if reachable("127.0.0.1:5432") {
-        return Ok(LOCAL_PG.to_owned());
+    match usable_postgres("127.0.0.1:5432", LOCAL_PG) {
+        Ok(()) => return Ok(LOCAL_PG.to_owned()),
+        Err(why) => say(format!("{why}; starting a private one")),
     }
-    say("no PostgreSQL on 127.0.0.1:5432; starting a private one");
     start_private_postgres(durability)
 }
 
@@ -61,10 +64,10 @@ pub(crate) fn redis() -> anyhow::Result<String> {
     if let Some(url) = env_setting("REDIS_URL") {
         return Ok(url);
     }
-    if redis_answers("127.0.0.1:6379") {
-        return Ok(LOCAL_REDIS.to_owned());
+    match usable_redis("127.0.0.1:6379") {
+        Ok(()) => return Ok(LOCAL_REDIS.to_owned()),
+        Err(why) => say(format!("{why}; starting a private one")),
     }
-    say("no Redis on 127.0.0.1:6379; starting a private one");
     start_private_redis()
 }
 
@@ -75,19 +78,68 @@ fn reachable(addr: &str) -> bool {
         .is_some()
 }
 
-fn redis_answers(addr: &str) -> bool {
-    let Some(mut stream) = addr
+/// Whether the PostgreSQL at `addr` lets `url` in: a real login and `SELECT 1` with `psql`,
+/// never prompting for a password. A listening port is not enough: a cluster that wants a
+/// password the URL lacks would fail every test. `Err` says why, in one line.
+fn usable_postgres(addr: &str, url: &str) -> Result<(), String> {
+    if !reachable(addr) {
+        return Err(format!("no PostgreSQL on {addr}"));
+    }
+    postgres_login(url).map_err(|why| format!("PostgreSQL on {addr} refuses {url} ({why})"))
+}
+
+/// Logs in to `url` with `psql` and runs `SELECT 1`; `Err` holds psql's first line of complaint
+/// (e.g. `fe_sendauth: no password supplied`).
+fn postgres_login(url: &str) -> Result<(), String> {
+    let out = Command::new("psql")
+        .args([
+            "--no-password",
+            "--no-psqlrc",
+            "-Atc",
+            "SELECT 1",
+            &libpq_url(url),
+        ])
+        .env("PGCONNECT_TIMEOUT", "5")
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("could not run psql: {e}"))?;
+    if out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "1" {
+        return Ok(());
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let why = stderr
+        .lines()
+        .map(|line| line.trim().trim_start_matches("psql: error: "))
+        .find(|line| !line.is_empty())
+        .map_or_else(|| format!("psql exited with {}", out.status), str::to_owned);
+    Err(why)
+}
+
+/// Whether the Redis at `addr` answers `PING` with `+PONG` (one that wants `AUTH` answers
+/// `-NOAUTH …`, and would fail every test). `Err` says why, in one line.
+fn usable_redis(addr: &str) -> Result<(), String> {
+    let mut stream = addr
         .parse::<SocketAddr>()
         .ok()
         .and_then(|a| TcpStream::connect_timeout(&a, Duration::from_millis(500)).ok())
-    else {
-        return false;
-    };
+        .ok_or_else(|| format!("no Redis on {addr}"))?;
     let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
-    let mut reply = [0u8; 5];
-    stream.write_all(b"PING\r\n").is_ok()
-        && stream.read_exact(&mut reply).is_ok()
-        && &reply == b"+PONG"
+    let mut reply = Vec::new();
+    let mut byte = [0u8; 1];
+    let answered = stream.write_all(b"PING\r\n").is_ok()
+        && loop {
+            match stream.read(&mut byte) {
+                Ok(1) if byte[0] == b'\n' => break true,
+                Ok(1) if reply.len() < 200 => reply.push(byte[0]),
+                _ => break !reply.is_empty(),
+            }
+        };
+    let reply = String::from_utf8_lossy(&reply).trim().to_owned();
+    match reply.as_str() {
+        "+PONG" => Ok(()),
+        _ if !answered => Err(format!("the server on {addr} does not answer Redis's PING")),
+        _ => Err(format!("Redis on {addr} answers PING with `{reply}`")),
+    }
 }
 
 fn state_dir() -> PathBuf {
@@ -246,7 +298,7 @@ pub(crate) fn start_private_postgres_owned(
 
 fn start_private_redis() -> anyhow::Result<String> {
     let url = format!("redis://127.0.0.1:{PRIVATE_REDIS_PORT}");
-    if redis_answers(&format!("127.0.0.1:{PRIVATE_REDIS_PORT}")) {
+    if usable_redis(&format!("127.0.0.1:{PRIVATE_REDIS_PORT}")).is_ok() {
         return Ok(url);
     }
     let dir = state_dir().join("redis");
@@ -274,7 +326,7 @@ fn start_private_redis() -> anyhow::Result<String> {
         bail!("redis-server failed to start: {status}");
     }
     for _ in 0..50 {
-        if redis_answers(&format!("127.0.0.1:{PRIVATE_REDIS_PORT}")) {
+        if usable_redis(&format!("127.0.0.1:{PRIVATE_REDIS_PORT}")).is_ok() {
             say(format!("private Redis running at {url}"));
             return Ok(url);
         }
@@ -316,4 +368,58 @@ pub(crate) fn drop_old_test_databases(url: &str) {
 /// sqlx-specific query parameters are not understood by libpq tools.
 pub(crate) fn libpq_url(url: &str) -> String {
     url.split('?').next().unwrap_or(url).to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::io::{BufRead as _, BufReader, Write as _};
+    use std::net::TcpListener;
+
+    use super::*;
+
+    // These need the PostgreSQL and Redis `cargo xtask test` runs against on the standard ports,
+    // letting `postgres` in without a password.
+
+    #[test]
+    fn a_postgres_that_refuses_the_login_is_not_used() {
+        assert_eq!(usable_postgres("127.0.0.1:5432", LOCAL_PG), Ok(()));
+        // The port answers, but the login fails (as it does on a cluster that wants a password).
+        let url = "postgres://xtask_no_such_role@127.0.0.1:5432/postgres";
+        let why = usable_postgres("127.0.0.1:5432", url).unwrap_err();
+        assert!(
+            why.starts_with(&format!("PostgreSQL on 127.0.0.1:5432 refuses {url} (")),
+            "{why}"
+        );
+        assert!(why.contains("xtask_no_such_role"), "{why}");
+        assert!(!why.contains('\n'), "{why}");
+        assert_eq!(
+            usable_postgres("127.0.0.1:1", "postgres://postgres@127.0.0.1:1/postgres"),
+            Err("no PostgreSQL on 127.0.0.1:1".to_owned())
+        );
+    }
+
+    #[test]
+    fn a_redis_that_wants_auth_is_not_used() {
+        assert_eq!(usable_redis("127.0.0.1:6379"), Ok(()));
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server = std::thread::spawn(move || {
+            let (stream, _) = listener.accept().unwrap();
+            let mut line = String::new();
+            BufReader::new(&stream).read_line(&mut line).unwrap();
+            assert_eq!(line, "PING\r\n");
+            (&stream)
+                .write_all(b"-NOAUTH Authentication required.\r\n")
+                .unwrap();
+        });
+        assert_eq!(
+            usable_redis(&addr),
+            Err(format!(
+                "Redis on {addr} answers PING with `-NOAUTH Authentication required.`"
+            ))
+        );
+        server.join().unwrap();
+    }
 }
