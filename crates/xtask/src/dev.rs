@@ -5,7 +5,9 @@
 //! all, then the private PostgreSQL if this run started it. A Ctrl-C during those startup steps
 //! stops the same way: the handler is installed first, and the next step does not start. Without
 //! `REDIS_URL` the API uses the in-memory rate limiter. `--port` is the API's; 0 and the other
-//! services' ports (9091–9093) are refused before anything starts.
+//! services' ports (9091–9093) are refused before anything starts, and so is a port something
+//! already listens on (the API's, or one of 9091–9093). The welcome is printed only once every
+//! service is still running and the API's `/readyz` answers 200.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -32,6 +34,7 @@ const SERVICES: [(&str, u16); 4] = [
 pub(crate) fn run(port: u16) -> anyhow::Result<()> {
     // Before anything starts: a port dev cannot use would only fail after the 60 s readiness wait.
     check_port(port)?;
+    check_ports_free(port)?;
     // First of all: until this handler is in place, a Ctrl-C kills xtask outright, no `Drop`
     // runs, and a private PostgreSQL this run started (in a session of its own, out of reach
     // of the terminal's Ctrl-C) would keep running.
@@ -73,6 +76,34 @@ fn check_port(port: u16) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Refuses to start when one of the ports dev gives out is taken: otherwise dev would build,
+/// migrate and start everything, and the service that cannot listen would die only then.
+fn check_ports_free(port: u16) -> anyhow::Result<()> {
+    listen_test(port).map_err(|e| {
+        anyhow::anyhow!(
+            "--port {port}: cannot listen on 127.0.0.1:{port} ({e}); choose another port"
+        )
+    })?;
+    for (bin, fixed) in SERVICES.iter().filter(|(b, p)| *p != 0 && has_crate(b)) {
+        listen_test(*fixed).map_err(|e| {
+            anyhow::anyhow!(
+                "cannot listen on 127.0.0.1:{fixed}, which dev gives {bin} ({e}); stop what uses it"
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// Binds 127.0.0.1:`port` (as the services will) and lets it go at once.
+fn listen_test(port: u16) -> std::io::Result<()> {
+    std::net::TcpListener::bind(("127.0.0.1", port)).map(drop)
+}
+
+/// Whether this checkout has the service `bin` (dev runs the ones it has).
+fn has_crate(bin: &str) -> bool {
+    workspace_root().join("crates").join(bin).exists()
+}
+
 /// The startup steps, then the services until a stop is requested or one of them dies. The
 /// stop request is checked between steps; whatever was started is stopped on every way out
 /// (the guards' `Drop`).
@@ -94,7 +125,7 @@ fn start_and_run(port: u16, stop: &StopRequest) -> anyhow::Result<()> {
     let bins: Vec<&str> = SERVICES
         .iter()
         .map(|(b, _)| *b)
-        .filter(|b| root.join("crates").join(b).exists())
+        .filter(|b| has_crate(b))
         .collect();
     say(format!("building {}", bins.join(", ")));
     let mut args = vec!["build", "--quiet"];
@@ -146,7 +177,7 @@ fn start_and_run(port: u16, stop: &StopRequest) -> anyhow::Result<()> {
             .with_context(|| format!("starting {bin}"))?;
         running.0.push(((*bin).to_owned(), child));
     }
-    wait_ready(port, stop)?;
+    wait_ready(port, stop, &mut running)?;
     stop.check()?;
     print_welcome(port, &keys, &admin_token);
 
@@ -229,8 +260,11 @@ impl Services {
             return;
         }
         say("stopping every service");
-        for (_, child) in &self.0 {
-            terminate(child);
+        for (_, child) in &mut self.0 {
+            // One that already exited is reaped: its pid may be another process's by now.
+            if child.try_wait().ok().flatten().is_none() {
+                terminate(child);
+            }
         }
         let deadline = Instant::now() + Duration::from_secs(40);
         for (name, child) in &mut self.0 {
@@ -334,18 +368,44 @@ fn demo_keys(
     Ok(keys)
 }
 
-fn wait_ready(port: u16, stop: &StopRequest) -> anyhow::Result<()> {
+/// Waits until the API's `/readyz` answers 200 while every service is still running. A port
+/// that merely accepts connections proves nothing: another program may hold it, and the web
+/// service may have died failing to listen there.
+fn wait_ready(port: u16, stop: &StopRequest, running: &mut Services) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     while !stop.requested() {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        for (name, child) in &mut running.0 {
+            if let Ok(Some(status)) = child.try_wait() {
+                bail!("{name} exited ({status}) before the API was ready");
+            }
+        }
+        if readyz_ok(port) {
             return Ok(());
         }
         if Instant::now() > deadline {
-            bail!("the API did not start listening on port {port} within 60 s");
+            bail!("the API on port {port} did not answer /readyz with 200 within 60 s");
         }
         std::thread::sleep(Duration::from_millis(200));
     }
     Ok(())
+}
+
+/// Whether `GET http://127.0.0.1:{port}/readyz` answers 200.
+fn readyz_ok(port: u16) -> bool {
+    use std::io::{BufRead as _, BufReader, Write as _};
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let Ok(mut stream) = std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(500))
+    else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = stream.set_write_timeout(Some(Duration::from_secs(5)));
+    let mut status_line = String::new();
+    stream
+        .write_all(b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .is_ok()
+        && BufReader::new(stream).read_line(&mut status_line).is_ok()
+        && status_line.split_whitespace().nth(1) == Some("200")
 }
 
 /// A fresh admin token for this run: `dev-admin-` and 32 hex digits from the kernel's random
@@ -412,5 +472,73 @@ fn with_database(server_url: &str, name: &str) -> String {
             format!("{}/{name}", &base[..i])
         }
         _ => format!("{base}/{name}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::io::{BufRead as _, BufReader, Write as _};
+    use std::net::TcpListener;
+    use std::sync::mpsc;
+
+    use super::*;
+
+    fn no_stop() -> StopRequest {
+        StopRequest(Arc::new(AtomicBool::new(false)))
+    }
+
+    /// Answers each request on `listener` with the next of `statuses` (the last one repeats),
+    /// reporting each request line on the channel.
+    fn http_server(listener: TcpListener, statuses: &'static [u16]) -> mpsc::Receiver<String> {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for (i, stream) in listener.incoming().enumerate() {
+                let Ok(stream) = stream else { return };
+                let mut line = String::new();
+                let _ = BufReader::new(&stream).read_line(&mut line);
+                let status = statuses[i.min(statuses.len() - 1)];
+                let _ = (&stream).write_all(
+                    format!("HTTP/1.1 {status} X\r\ncontent-length: 0\r\n\r\n").as_bytes(),
+                );
+                if tx.send(line.trim_end().to_owned()).is_err() {
+                    return;
+                }
+            }
+        });
+        rx
+    }
+
+    #[test]
+    fn a_dead_web_is_not_ready_though_something_answers_on_its_port() {
+        // Another program holds the API port (and even answers 200); web died failing to listen.
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let _requests = http_server(listener, &[200]);
+        let mut web = Command::new("sh").args(["-c", "exit 3"]).spawn().unwrap();
+        web.wait().unwrap();
+        let mut running = Services(vec![("web".to_owned(), web)]);
+        let err = wait_ready(port, &no_stop(), &mut running).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "web exited (exit status: 3) before the API was ready"
+        );
+    }
+
+    #[test]
+    fn ready_means_readyz_answers_200() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let requests = http_server(listener, &[503, 200]);
+        let web = Command::new("sleep").arg("30").spawn().unwrap();
+        let mut running = Services(vec![("web".to_owned(), web)]);
+        wait_ready(port, &no_stop(), &mut running).unwrap();
+        for _ in 0..2 {
+            assert_eq!(requests.recv().unwrap(), "GET /readyz HTTP/1.1");
+        }
+        for (_, child) in &mut running.0 {
+            child.kill().unwrap();
+        }
     }
 }

@@ -2,6 +2,8 @@
 //! ports of the other services (it used to build everything, start the services and fail after
 //! its 60 s readiness wait), and it treats an empty `DATABASE_URL` as unset, as every service
 //! does (it used to hand the empty URL to the services, which then used their default database).
+//! A port something already listens on is refused up front too (dev used to print its welcome,
+//! then lose the web service, which could not listen).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -132,5 +134,41 @@ fn an_empty_database_url_is_unset() {
         !dir.join("cargo.called").exists(),
         "dev went on with the empty DATABASE_URL"
     );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_port_in_use_is_refused_before_anything_starts() {
+    let dir = scratch_dir("port-in-use");
+    stand_in(&dir, "cargo");
+    let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = holder.local_addr().unwrap().port().to_string();
+    let out = dev(
+        &dir,
+        &["--port", &port],
+        &[(
+            "DATABASE_URL",
+            "postgres://postgres@127.0.0.1:1/never-reached",
+        )],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with(&format!(
+            "xtask: --port {port}: cannot listen on 127.0.0.1:{port} ("
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.trim_end().ends_with("); choose another port"),
+        "{stderr}"
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("Fairlane is running"));
+    assert!(
+        !dir.join("cargo.called").exists(),
+        "dev started building with port {port} taken"
+    );
+    drop(holder);
     std::fs::remove_dir_all(dir).unwrap();
 }

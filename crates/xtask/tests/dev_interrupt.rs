@@ -27,6 +27,12 @@ fn fake_cargo(dir: &Path, body: &str) -> PathBuf {
     path
 }
 
+/// A port nothing listens on (dev refuses one that is taken, or that it may not bind).
+fn spare_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
 /// `xtask dev` in a process group of its own (as a shell runs a foreground job), with the
 /// stand-in cargo and a `DATABASE_URL`, so no private PostgreSQL is involved.
 struct Dev {
@@ -36,7 +42,7 @@ struct Dev {
 impl Dev {
     fn start(cargo: &Path) -> Dev {
         let child = Command::new(env!("CARGO_BIN_EXE_xtask"))
-            .args(["dev", "--port", "1"])
+            .args(["dev", "--port", &spare_port().to_string()])
             .env("CARGO", cargo)
             .env(
                 "DATABASE_URL",
