@@ -76,6 +76,12 @@ fn check_port(port: u16) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Where `cargo build` (run in `root`) puts its output: `CARGO_TARGET_DIR` (relative to `root`)
+/// when set, else `root/target`.
+fn target_dir(root: &Path, cargo_target_dir: Option<String>) -> std::path::PathBuf {
+    cargo_target_dir.map_or_else(|| root.join("target"), |dir| root.join(dir))
+}
+
 /// Refuses to start when one of the ports dev gives out is taken: otherwise dev would build,
 /// migrate and start everything, and the service that cannot listen would die only then.
 fn check_ports_free(port: u16) -> anyhow::Result<()> {
@@ -134,7 +140,7 @@ fn start_and_run(port: u16, stop: &StopRequest) -> anyhow::Result<()> {
     }
     cargo(&root, &args, &[])?;
     stop.check()?;
-    let target = root.join("target").join("debug");
+    let target = target_dir(&root, env_setting("CARGO_TARGET_DIR")).join("debug");
 
     let admin_token = dev_admin_token()?;
     let mut env: Vec<(String, String)> = vec![

@@ -34,6 +34,21 @@ fn stand_in(dir: &Path, name: &str) -> PathBuf {
     path
 }
 
+/// Writes an executable shell script `name` into `dir` that records its arguments in
+/// `<name>.called` and exits with `code`.
+fn stand_in_exiting(dir: &Path, name: &str, code: u8) -> PathBuf {
+    let path = stand_in(dir, name);
+    let script = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, script.replace("exit 1\n", &format!("exit {code}\n"))).unwrap();
+    path
+}
+
+/// A port nothing listens on.
+fn spare_port() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port().to_string()
+}
+
 /// Runs `xtask dev` with `args` and `envs`, the stand-in cargo of `dir` and `dir` first on the
 /// PATH; it must exit within 30 s.
 fn dev(dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Output {
@@ -170,5 +185,31 @@ fn a_port_in_use_is_refused_before_anything_starts() {
         "dev started building with port {port} taken"
     );
     drop(holder);
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn the_services_are_run_from_cargo_target_dir() {
+    let dir = scratch_dir("target-dir");
+    stand_in_exiting(&dir, "cargo", 0);
+    let debug = dir.join("elsewhere").join("debug");
+    std::fs::create_dir_all(&debug).unwrap();
+    stand_in(&debug, "web");
+    let out = dev(
+        &dir,
+        &["--port", &spare_port()],
+        &[
+            (
+                "DATABASE_URL",
+                "postgres://postgres@127.0.0.1:1/never-reached",
+            ),
+            ("CARGO_TARGET_DIR", dir.join("elsewhere").to_str().unwrap()),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let web = std::fs::read_to_string(debug.join("web.called"))
+        .unwrap_or_else(|_| panic!("dev did not run web from CARGO_TARGET_DIR:\n{stderr}"));
+    assert_eq!(web.trim_end(), "migrate");
     std::fs::remove_dir_all(dir).unwrap();
 }
