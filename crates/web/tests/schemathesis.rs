@@ -2,7 +2,8 @@
 //! invalid ones) against a real `web` process and checks that nothing answers 5xx and that every
 //! response — status, content type, headers, body — matches the document.
 //!
-//! Needs the `schemathesis` CLI (`pip install schemathesis`; CI installs it).
+//! Needs the `schemathesis` CLI on `PATH` (`cargo xtask tools` installs it into
+//! `.fairlane/tools/python`, and `cargo xtask test` puts that on `PATH`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::print_stdout)]
 
@@ -39,7 +40,10 @@ fn schemathesis(base: &str, token: &str, include: &str, extra: &[&str]) {
         .args(extra)
         .env("PYTHONIOENCODING", "utf-8");
     let out = cmd.output().unwrap_or_else(|e| {
-        panic!("running schemathesis failed ({e}); install it with `pip install schemathesis`")
+        panic!(
+            "running schemathesis failed ({e}); run the tests with `cargo xtask test`, which \
+             installs it into .fairlane/tools/python and puts that on PATH"
+        )
     });
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -54,7 +54,7 @@ fn main() {
         Command::Bench { suite } => bench::run(suite),
         Command::Dev { port } => dev::run(port),
         Command::Dashboards => dashboards(),
-        Command::Tools => tools::ensure().map(|_| ()),
+        Command::Tools => tools::ensure().into_result(),
     };
     if let Err(e) = result {
         #[allow(clippy::print_stderr)]
