@@ -660,7 +660,11 @@ async fn a_cancel_requested_for_a_job_whose_fetch_reply_was_lost_is_kept() {
         .await
         .unwrap()
         .job;
-    let engine = start(&client, fast_config(), &[("q", 2)], workers);
+    // A grace far longer than the steps below can take, so the hand-back cannot come before
+    // the cancel.
+    let mut config = fast_config();
+    config.orphan_grace = Duration::from_secs(3);
+    let engine = start(&client, config, &[("q", 2)], workers);
     // The fetch that committed for this engine while its reply was lost.
     sqlx::query(
         "UPDATE fairlane_job SET state = 'running', attempt = 1, attempted_at = now(), \
@@ -676,7 +680,7 @@ async fn a_cancel_requested_for_a_job_whose_fetch_reply_was_lost_is_kept() {
         Some(CancelResult::Requested(_))
     ));
     let ended = eventually(
-        Duration::from_secs(10),
+        Duration::from_secs(30),
         "the lost job handed back",
         || async {
             let j = client.job(job.id).await.unwrap().unwrap();

@@ -1157,17 +1157,13 @@ fn git(dir: &std::path::Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
-/// A repository in a fresh folder with one commit on `main`.
-fn repository_with_main(tag: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "fairlane-web-{tag}-{}",
-        uuid::Uuid::new_v4().simple()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    git(&dir, &["init", "-q", "-b", "main"]);
-    std::fs::write(dir.join("lib_test.go"), "package x\n").unwrap();
-    git(&dir, &["add", "."]);
-    git(&dir, &["commit", "-q", "-m", "one"]);
+/// A repository in a fresh folder (removed on drop) with one commit on `main`.
+fn repository_with_main(tag: &str) -> testkit::git_fixture::TempDir {
+    let dir = testkit::git_fixture::TempDir::new(&format!("web-{tag}"));
+    git(dir.path(), &["init", "-q", "-b", "main"]);
+    std::fs::write(dir.path().join("lib_test.go"), "package x\n").unwrap();
+    git(dir.path(), &["add", "."]);
+    git(dir.path(), &["commit", "-q", "-m", "one"]);
     dir
 }
 
@@ -1179,10 +1175,14 @@ async fn branch_resolves_run_at_most_resolve_concurrency_at_once() {
     let db = TestDb::new().await;
     let mut config = config(&db);
     config.resolve_concurrency = 1;
+    // The stalled git must still be waiting on its FIFO when the test opens it (which blocks
+    // until a reader is there), however slow the machine.
+    config.resolve_timeout = Duration::from_secs(120);
+    config.http_request_timeout = Duration::from_secs(150);
     let s = TestServer::start(config).await;
     let (_, key) = user_with_key(&db.pool, "pro").await;
     let stalled = repository_with_main("stalled");
-    let fifo = stalled.join(".git/packed-refs");
+    let fifo = stalled.path().join(".git/packed-refs");
     let made = std::process::Command::new("mkfifo")
         .arg(&fifo)
         .status()
@@ -1195,14 +1195,14 @@ async fn branch_resolves_run_at_most_resolve_concurrency_at_once() {
         tokio::spawn(async move { http.post_json("/v1/analyses", &key, &body).await })
     };
 
-    let first = post(&stalled);
-    let stalled_name = stalled.display().to_string();
+    let first = post(stalled.path());
+    let stalled_name = stalled.path().display().to_string();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while testkit::git_fixture::processes_mentioning(&stalled_name).is_empty() {
         assert!(std::time::Instant::now() < deadline, "git never started");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let second = post(&fine);
+    let second = post(fine.path());
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!second.is_finished(), "the second resolve did not wait");
 
@@ -1215,9 +1215,6 @@ async fn branch_resolves_run_at_most_resolve_concurrency_at_once() {
             .unwrap();
         assert_eq!(r.status, 202, "{}", r.text());
     }
-    for dir in [stalled, fine] {
-        std::fs::remove_dir_all(dir).unwrap();
-    }
     s.stop().await;
 }
 
@@ -1226,9 +1223,10 @@ async fn branch_and_tag_refs_resolve_against_the_repository() {
     let db = TestDb::new().await;
     let s = start(&db).await;
     let (_, key) = user_with_key(&db.pool, "pro").await;
-    let dir = repository_with_main("repo");
-    git(&dir, &["tag", "v1"]);
-    let head = git(&dir, &["rev-parse", "HEAD"]);
+    let repo = repository_with_main("repo");
+    let dir = repo.path();
+    git(dir, &["tag", "v1"]);
+    let head = git(dir, &["rev-parse", "HEAD"]);
     let url = format!("file://{}", dir.display());
     for git_ref in [Some("main"), Some("v1"), None] {
         let r = s
@@ -1270,7 +1268,6 @@ async fn branch_and_tag_refs_resolve_against_the_repository() {
         )
         .await;
     r.problem(422, "repository_not_found");
-    std::fs::remove_dir_all(&dir).unwrap();
     s.stop().await;
 }
 

@@ -57,7 +57,9 @@ async fn a_client_that_trickles_its_headers_is_disconnected_at_the_header_timeou
     let began = Instant::now();
     slow.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
     let trickle = tokio::spawn(async move {
-        for _ in 0..20 {
+        // Long enough (20 s) that a server restarting its timer on every byte would still
+        // hold the connection well past the bound below.
+        for _ in 0..100 {
             tokio::time::sleep(Duration::from_millis(200)).await;
             if slow.write_all(b"X").await.is_err() {
                 return slow;
@@ -66,9 +68,9 @@ async fn a_client_that_trickles_its_headers_is_disconnected_at_the_header_timeou
         slow
     });
     let mut slow = trickle.await.unwrap();
-    let (_, closed) = read_to_close(&mut slow, Duration::from_secs(10)).await;
+    let (_, closed) = read_to_close(&mut slow, Duration::from_secs(30)).await;
     let held = closed - began;
-    assert!(held < Duration::from_secs(4), "held for {held:?}");
+    assert!(held < Duration::from_secs(15), "held for {held:?}");
 
     // An idle connection (no request at all) goes the same way; a prompt client is served.
     let mut idle = TcpStream::connect(s.addr).await.unwrap();
@@ -119,7 +121,9 @@ async fn shutdown_does_not_wait_for_a_client_still_sending_headers() {
     slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: fairlane\r\n")
         .await
         .unwrap();
-    // Let the server read what was sent, so the connection is mid-headers, not idle.
+    // Let the server read what was sent, so the connection is mid-headers, not idle. (On a
+    // loaded machine it may not have yet; the test then covers an idle connection instead,
+    // which must close at once: it cannot pass by waiting.)
     tokio::time::sleep(Duration::from_millis(300)).await;
     let began = Instant::now();
     s.stop().await;

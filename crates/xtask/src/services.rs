@@ -379,17 +379,41 @@ mod tests {
 
     use super::*;
 
-    // These need the PostgreSQL and Redis `cargo xtask test` runs against on the standard ports,
-    // letting `postgres` in without a password.
+    // These use the PostgreSQL and Redis the test run uses (`DATABASE_URL`, `REDIS_URL`, as
+    // `cargo xtask test` passes them), else the standard local ones.
+
+    /// `host:port` of `url` (`scheme://[user@]host:port/…`), `default_port` when it names none.
+    fn address_of(url: &str, default_port: u16) -> String {
+        let authority = url
+            .split("://")
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .unwrap_or_default();
+        let host_port = authority.rsplit('@').next().unwrap_or(authority);
+        if host_port.contains(':') {
+            host_port.to_owned()
+        } else {
+            format!("{host_port}:{default_port}")
+        }
+    }
+
+    fn under_test(variable: &str, default: &str) -> String {
+        std::env::var(variable)
+            .ok()
+            .filter(|url| !url.is_empty())
+            .unwrap_or_else(|| default.to_owned())
+    }
 
     #[test]
     fn a_postgres_that_refuses_the_login_is_not_used() {
-        assert_eq!(usable_postgres("127.0.0.1:5432", LOCAL_PG), Ok(()));
+        let good = under_test("DATABASE_URL", LOCAL_PG);
+        let addr = address_of(&good, 5432);
+        assert_eq!(usable_postgres(&addr, &good), Ok(()));
         // The port answers, but the login fails (as it does on a cluster that wants a password).
-        let url = "postgres://xtask_no_such_role@127.0.0.1:5432/postgres";
-        let why = usable_postgres("127.0.0.1:5432", url).unwrap_err();
+        let url = format!("postgres://xtask_no_such_role@{addr}/postgres");
+        let why = usable_postgres(&addr, &url).unwrap_err();
         assert!(
-            why.starts_with(&format!("PostgreSQL on 127.0.0.1:5432 refuses {url} (")),
+            why.starts_with(&format!("PostgreSQL on {addr} refuses {url} (")),
             "{why}"
         );
         assert!(why.contains("xtask_no_such_role"), "{why}");
@@ -402,7 +426,8 @@ mod tests {
 
     #[test]
     fn a_redis_that_wants_auth_is_not_used() {
-        assert_eq!(usable_redis("127.0.0.1:6379"), Ok(()));
+        let good = under_test("REDIS_URL", LOCAL_REDIS);
+        assert_eq!(usable_redis(&address_of(&good, 6379)), Ok(()));
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let server = std::thread::spawn(move || {

@@ -136,7 +136,7 @@ fn an_empty_database_url_is_unset() {
     // already running), so dev takes that path without initdb; the stand-in psql keeps it from
     // touching whatever answers.
     let _listener = std::net::TcpListener::bind("127.0.0.1:55432");
-    let out = dev(&dir, &["--port", "18080"], &[("DATABASE_URL", "")]);
+    let out = dev(&dir, &["--port", &spare_port()], &[("DATABASE_URL", "")]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
