@@ -272,12 +272,9 @@ pub struct Server {
 }
 
 impl Server {
-    /// Checks `config`, builds the state and binds `config.http_addr`.
+    /// Checks `config` (in [`build_state`], before anything is bound), builds the state and
+    /// binds `config.http_addr`.
     pub async fn bind(config: &WebConfig) -> anyhow::Result<Server> {
-        config
-            .validate()
-            .map_err(anyhow::Error::msg)
-            .context("invalid configuration")?;
         let pool = pool(config)?;
         Self::bind_with_pool(config, pool).await
     }
