@@ -93,8 +93,8 @@ pub async fn timeout(limit: Duration, mut req: Request, next: Next) -> Response 
             "timeout_outcome_unknown",
             format!(
                 "the request took longer than {} s and was abandoned while its writes were being \
-                 committed: they may have taken effect; look at GET /v1/usage and your jobs \
-                 before sending it again",
+                 committed: they may have taken effect; look at what it changes (for new work, \
+                 GET /v1/usage and your jobs) before sending it again",
                 limit.as_secs_f64()
             ),
         )
@@ -126,4 +126,36 @@ impl TimeoutWatch {
     fn is_outcome_unknown(&self) -> bool {
         self.0.load(Ordering::Acquire)
     }
+}
+
+/// Awaits `write`, a statement whose effect stands once it has been sent: an autocommit write, or
+/// a transaction's `COMMIT`. If the timeout drops the handler while `write` is in flight (the
+/// server may still be waiting for a lock or flushing the commit), the request's `watch` learns
+/// that its outcome is unknown, so the answer is `timeout_outcome_unknown`, never "nothing was
+/// changed".
+pub async fn committing<F: IntoFuture>(
+    watch: Option<&axum::Extension<TimeoutWatch>>,
+    write: F,
+) -> F::Output {
+    /// Marks the watch unless `answered` was set before it was dropped.
+    struct InFlight<'a> {
+        watch: Option<&'a TimeoutWatch>,
+        answered: bool,
+    }
+    impl Drop for InFlight<'_> {
+        fn drop(&mut self) {
+            if !self.answered
+                && let Some(watch) = self.watch
+            {
+                watch.outcome_unknown();
+            }
+        }
+    }
+    let mut in_flight = InFlight {
+        watch: watch.map(|axum::Extension(watch)| watch),
+        answered: false,
+    };
+    let output = write.await;
+    in_flight.answered = true;
+    output
 }

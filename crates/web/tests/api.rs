@@ -1538,6 +1538,112 @@ async fn a_request_past_the_timeout_while_committing_is_told_its_outcome_is_unkn
     s.stop().await;
 }
 
+/// A cancel or an admin write whose timeout comes while its write is in flight (a `COMMIT`
+/// held by a deferred trigger, an `UPDATE` waiting for a row lock) is not told "nothing was
+/// changed": the write goes through afterwards, as the answer warned it might.
+#[tokio::test]
+async fn cancels_and_admin_writes_past_the_timeout_are_told_their_outcome_is_unknown() {
+    let db = TestDb::new().await;
+    let mut c = config(&db);
+    c.http_request_timeout = Duration::from_secs(2);
+    let s = TestServer::start(c).await;
+    let (user, key) = user_with_key(&db.pool, "pro").await;
+    let created = s
+        .http
+        .post_json("/v1/analyses", &key, &analysis_body(31))
+        .await;
+    assert_eq!(created.status, 202, "{}", created.text());
+    let job = created.json()["job"]["id"].as_i64().unwrap();
+    for statement in [
+        "CREATE FUNCTION slow_cancel() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF NEW.state = 'cancelled' THEN PERFORM pg_advisory_xact_lock(4243); END IF; \
+         RETURN NULL; END $$",
+        "CREATE CONSTRAINT TRIGGER slow_cancel AFTER UPDATE ON fairlane_job \
+         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_cancel()",
+    ] {
+        sqlx::query(statement).execute(&db.pool).await.unwrap();
+    }
+    let mut holder = db.pool.acquire().await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock(4243)")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let cancelled = s
+        .http
+        .send(
+            Method::DELETE,
+            &format!("/v1/jobs/{job}"),
+            &[("authorization", &format!("Bearer {key}"))],
+            None,
+        )
+        .await;
+    let problem = cancelled.problem(503, "timeout_outcome_unknown");
+    assert!(
+        !problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("nothing was changed"),
+        "{problem}"
+    );
+    sqlx::query("SELECT pg_advisory_unlock(4243)")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let mut state = String::new();
+    for _ in 0..150 {
+        state = sqlx::query_scalar("SELECT state::text FROM fairlane_job WHERE id = $1")
+            .bind(job)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        if state == "cancelled" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(state, "cancelled", "the cancel committed after the answer");
+
+    // A tier change waiting for the user's row, which a check of theirs holds.
+    let mut blocker = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT FROM users WHERE id = $1 FOR NO KEY UPDATE")
+        .bind(user)
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let admin = format!("Bearer {ADMIN_TOKEN}");
+    let patched = s
+        .http
+        .send(
+            Method::PATCH,
+            &format!("/admin/users/{user}"),
+            &[
+                ("authorization", admin.as_str()),
+                ("content-type", "application/json"),
+            ],
+            Some(br#"{"tier":"enterprise"}"#.to_vec()),
+        )
+        .await;
+    patched.problem(503, "timeout_outcome_unknown");
+    blocker.commit().await.unwrap();
+    let mut tier = String::new();
+    for _ in 0..150 {
+        tier = sqlx::query_scalar("SELECT tier::text FROM users WHERE id = $1")
+            .bind(user)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        if tier == "enterprise" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        tier, "enterprise",
+        "the tier change committed after the answer"
+    );
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn staged_results_stay_hidden_until_completed_and_job_filled_copies_are_not_cache_hits() {
     let db = TestDb::new().await;

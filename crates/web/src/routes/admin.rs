@@ -1,8 +1,8 @@
 //! Admin endpoints (`Authorization: Bearer <ADMIN_TOKEN>`): users, tiers, API keys.
 
-use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use http::StatusCode;
 use serde::Deserialize;
 use utoipa::ToSchema;
@@ -11,6 +11,7 @@ use uuid::Uuid;
 use crate::admin::{self, AdminError, IssuedKeyView, RevokedKeyView, TierName, UserView};
 use crate::auth::Admin;
 use crate::extract::{ApiJson, IdPath};
+use crate::middleware::{self, TimeoutWatch};
 use crate::problem::Problem;
 use crate::state::AppState;
 
@@ -61,10 +62,15 @@ fn user_id(id: &str) -> Result<Uuid, Problem> {
 pub async fn create_user(
     State(state): State<AppState>,
     _admin: Admin,
+    watch: Option<Extension<TimeoutWatch>>,
     ApiJson(body): ApiJson<CreateUser>,
 ) -> Result<Response, Problem> {
     let tier = admin::parse_tier(&body.tier)?;
-    let user = admin::create_user(&state.pool, &body.name, tier).await?;
+    let user = middleware::committing(
+        watch.as_ref(),
+        admin::create_user(&state.pool, &body.name, tier),
+    )
+    .await?;
     Ok((StatusCode::CREATED, Json(user)).into_response())
 }
 
@@ -82,11 +88,14 @@ pub async fn update_user(
     State(state): State<AppState>,
     _admin: Admin,
     IdPath(id): IdPath,
+    watch: Option<Extension<TimeoutWatch>>,
     ApiJson(body): ApiJson<UpdateUser>,
 ) -> Result<Json<UserView>, Problem> {
     let id = user_id(&id)?;
     let tier = admin::parse_tier(&body.tier)?;
-    Ok(Json(admin::set_tier(&state.pool, id, tier).await?))
+    Ok(Json(
+        middleware::committing(watch.as_ref(), admin::set_tier(&state.pool, id, tier)).await?,
+    ))
 }
 
 /// Issue an API key for a user. The key is in this response only.
@@ -102,9 +111,10 @@ pub async fn issue_key(
     State(state): State<AppState>,
     _admin: Admin,
     IdPath(id): IdPath,
+    watch: Option<Extension<TimeoutWatch>>,
 ) -> Result<Response, Problem> {
     let id = user_id(&id)?;
-    let key = admin::issue_key(&state.pool, id).await?;
+    let key = middleware::committing(watch.as_ref(), admin::issue_key(&state.pool, id)).await?;
     Ok((StatusCode::CREATED, Json(key)).into_response())
 }
 
@@ -121,6 +131,9 @@ pub async fn revoke_key(
     State(state): State<AppState>,
     _admin: Admin,
     IdPath(key_id): IdPath,
+    watch: Option<Extension<TimeoutWatch>>,
 ) -> Result<Json<RevokedKeyView>, Problem> {
-    Ok(Json(admin::revoke_key(&state.pool, &key_id).await?))
+    Ok(Json(
+        middleware::committing(watch.as_ref(), admin::revoke_key(&state.pool, &key_id)).await?,
+    ))
 }

@@ -1,7 +1,7 @@
 //! `GET /v1/jobs/{id}` and `DELETE /v1/jobs/{id}` (cancel) for the caller's own jobs.
 
-use axum::Json;
 use axum::extract::State;
+use axum::{Extension, Json};
 use queue::{CancelResult, JobRow};
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -9,6 +9,7 @@ use utoipa::ToSchema;
 use super::JobView;
 use crate::auth::AuthUser;
 use crate::extract::IdPath;
+use crate::middleware::{self, TimeoutWatch};
 use crate::problem::Problem;
 use crate::state::AppState;
 
@@ -79,6 +80,7 @@ pub async fn cancel(
     State(state): State<AppState>,
     user: AuthUser,
     IdPath(id): IdPath,
+    watch: Option<Extension<TimeoutWatch>>,
 ) -> Result<Json<CancelResponse>, Problem> {
     let id = parse_id(&id)?;
     let mut tx = state.pool.begin().await?;
@@ -113,7 +115,7 @@ pub async fn cancel(
         CancelResult::Requested(_) => Cancellation::Requested,
         CancelResult::AlreadyFinal(_) => Cancellation::AlreadyFinal,
     };
-    tx.commit().await?;
+    middleware::committing(watch.as_ref(), tx.commit()).await?;
     Ok(Json(CancelResponse {
         cancellation,
         job: JobView::from(result.job()),
