@@ -42,6 +42,16 @@ pub enum QuotaError {
     UnknownUser(Uuid),
     #[error("reservation {0} does not exist (released or cleaned up)")]
     UnknownReservation(Uuid),
+    /// Standings read when the database's clock was outside the plan's period: deciding on them
+    /// would count the wrong period's usage. [`crate::Quota::settle_period`] reads them again.
+    #[error(
+        "quota standings read at {read_at} do not belong to the billing period {start} to {end}"
+    )]
+    StandingsOutsidePeriod {
+        read_at: DateTime<Utc>,
+        start: DateTime<Utc>,
+        end: DateTime<Utc>,
+    },
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
 }

@@ -240,6 +240,7 @@ impl Quota {
             .execute(&mut *conn)
             .await?;
         let rows = read_standings(conn, &plan).await?;
+        let (plan, rows) = self.settle_period(conn, plan, rows).await?;
         self.decide(&plan, &rows, requests)
     }
 
@@ -262,10 +263,60 @@ impl Quota {
         }
     }
 
+    /// The plan of `plan`'s pairs for the billing period that contains the database's clock at
+    /// the read of `rows`, if that is not `plan`'s period; `None` when `rows` belong to `plan`.
+    ///
+    /// The caller's `now` only guesses the period: the web host's clock may differ from the
+    /// database's, and a check may wait for its users' locks across a period's end. Billing goes
+    /// by the database's clock (a usage event is dated by its completion's transaction), and
+    /// every completion the read's snapshot sees started before the read's clock was taken
+    /// ([`standings_cte`]'s `read_at`), so the period containing `read_at` is the one whose
+    /// usage the read must count.
+    pub fn replan(&self, plan: &CheckPlan, rows: &[StandingRow]) -> Option<CheckPlan> {
+        let read_at = rows.iter().map(|row| row.read_at).max()?;
+        let outside = rows.iter().any(|row| !plan.period.contains(row.read_at));
+        outside.then(|| CheckPlan {
+            users: plan.users.clone(),
+            pairs: plan.pairs.clone(),
+            period: self.period(read_at),
+        })
+    }
+
+    /// `plan` and its standings `rows`, read again (on `conn`, in the same transaction, the
+    /// locks still held) for as long as they were read outside the plan's period ([`replan`]):
+    /// normally not at all, at a period's end once.
+    ///
+    /// [`replan`]: Quota::replan
+    pub async fn settle_period(
+        &self,
+        conn: &mut PgConnection,
+        mut plan: CheckPlan,
+        mut rows: Vec<StandingRow>,
+    ) -> Result<(CheckPlan, Vec<StandingRow>), QuotaError> {
+        // Each read moves the plan to the period of a later clock; periods last a day at least,
+        // so a second move means the clock jumps: give up rather than loop.
+        for _ in 0..3 {
+            match self.replan(&plan, &rows) {
+                None => return Ok((plan, rows)),
+                Some(replanned) => {
+                    tracing::info!(
+                        from = %plan.period.start, to = %replanned.period.start,
+                        "the database's clock is in another billing period than the request's; \
+                         reading the quota standings of that period"
+                    );
+                    plan = replanned;
+                    rows = read_standings(conn, &plan).await?;
+                }
+            }
+        }
+        Ok((plan, rows))
+    }
+
     /// Decides `requests` in order against the standings `rows` read for `plan` (see
     /// [`CheckPlan`] for when they must have been read). The outer error is a row that does not
-    /// belong to the plan; the inner ones are per request. A request whose pair is not in the
-    /// plan, or whose user does not exist, is an unknown user.
+    /// belong to the plan (by its pair, or read outside its period: see
+    /// [`Quota::settle_period`]); the inner ones are per request. A request whose pair is not in
+    /// the plan, or whose user does not exist, is an unknown user.
     pub fn decide(
         &self,
         plan: &CheckPlan,
@@ -275,6 +326,13 @@ impl Quota {
         let mut tiers: HashMap<Uuid, Tier> = HashMap::new();
         let mut standings = Vec::with_capacity(rows.len());
         for row in rows {
+            if !plan.period.contains(row.read_at) {
+                return Err(QuotaError::StandingsOutsidePeriod {
+                    read_at: row.read_at,
+                    start: plan.period.start,
+                    end: plan.period.end,
+                });
+            }
             let &(user, event) = usize::try_from(row.ord - 1)
                 .ok()
                 .and_then(|i| plan.pairs.get(i))
@@ -419,7 +477,7 @@ async fn read_standings(
     let mut args = PgArguments::default();
     plan.bind_standings(&mut args)?;
     let sql = format!(
-        "WITH {} SELECT ord, tier, used, reserved FROM quota_standing ORDER BY ord",
+        "WITH {} SELECT ord, tier, used, reserved, read_at FROM quota_standing ORDER BY ord",
         standings_cte(1)
     );
     Ok(sqlx::query_as_with(sqlx::AssertSqlSafe(sql), args)
@@ -622,6 +680,9 @@ pub struct StandingRow {
     pub used: i64,
     /// Units held by live reservations.
     pub reserved: i64,
+    /// The database's clock when the read ran, taken after its snapshot: the period whose used
+    /// units the read must count is the one containing it ([`Quota::replan`]).
+    pub read_at: DateTime<Utc>,
 }
 
 /// The number of parameters [`standings_cte`] uses.
@@ -654,7 +715,8 @@ pub fn standings_cte(first: usize) -> String {
                         WHERE t.user_id = i.user_id AND t.event_type = i.event_type), 0) \
              + (SELECT COALESCE(SUM(r.reserved_amount), 0)::int8 FROM quota_reservations r \
                  WHERE r.user_id = i.user_id AND r.event_type = i.event_type \
-                   AND r.job_id IS NULL AND r.expires_at > now()) AS reserved \
+                   AND r.job_id IS NULL AND r.expires_at > now()) AS reserved, \
+             (SELECT clock_timestamp()) AS read_at \
            FROM unnest(${users}::uuid[], ${events}::text[]::fairlane_usage_event_type[]) \
                 WITH ORDINALITY AS i(user_id, event_type, ord) \
            LEFT JOIN users u ON u.id = i.user_id \

@@ -247,7 +247,7 @@ async fn split_check<'c>(
     let mut args = sqlx::postgres::PgArguments::default();
     plan.bind_standings(&mut args).unwrap();
     let sql = format!(
-        "WITH {} SELECT ord, tier, used, reserved FROM quota_standing",
+        "WITH {} SELECT ord, tier, used, reserved, read_at FROM quota_standing",
         quota::standings_cte(1)
     );
     let rows: Vec<quota::StandingRow> = sqlx::query_as_with(sqlx::AssertSqlSafe(sql), args)
@@ -256,6 +256,88 @@ async fn split_check<'c>(
         .unwrap();
     let grants = quota.decide(&plan, &rows, requests).unwrap();
     (tx, grants)
+}
+
+/// The billing period is the database's, not the caller's guess: a web host whose clock is
+/// behind (or a check that waited for its lock across the period's end) must not read the
+/// previous period's empty usage and grant what the current period has already spent, and a
+/// clock ahead must not skip to the next period's. The split check's `decide` refuses standings
+/// read outside its plan's period instead of deciding on them.
+#[tokio::test]
+async fn the_check_counts_the_databases_billing_period_whatever_the_callers_clock() {
+    let db = TestDb::new().await;
+    let quota = quota();
+    let (free, other) = (user(&db.pool, "free").await, user(&db.pool, "free").await);
+    // The free specview limit, 5, all billed in the database's current month.
+    seed_usage(&db.pool, free, "specview", 5).await;
+    seed_usage(&db.pool, other, "specview", 5).await;
+    let (db_now,): (chrono::DateTime<Utc>,) = sqlx::query_as("SELECT now()")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let period = quota.period(db_now);
+    let behind = period.start - chrono::Duration::milliseconds(1);
+    let ahead = period.end + chrono::Duration::milliseconds(1);
+    for (user, clock) in [(free, behind), (other, ahead)] {
+        let mut tx = db.pool.begin().await.unwrap();
+        let refused = quota
+            .check(&mut tx, user, Service::Specview, clock)
+            .await
+            .unwrap_err();
+        let QuotaError::Exceeded(x) = refused else {
+            panic!("expected quota_exceeded at {clock}, got {refused:?}");
+        };
+        assert_eq!((x.used, x.limit, x.period), (5, 5, period), "at {clock}");
+        // The analysis quota of the same period is untouched.
+        let grant = quota
+            .check(&mut tx, user, Service::Analysis, clock)
+            .await
+            .unwrap();
+        assert_eq!(grant.period, period);
+        tx.rollback().await.unwrap();
+    }
+
+    // Standings read for a plan of another period are refused by `decide`, and `replan` names
+    // the database's period.
+    let client = Client::new(db.pool.clone());
+    let mut conn = db.pool.acquire().await.unwrap();
+    let plan = quota.plan([(free, Service::Specview)], behind);
+    let mut tx = client
+        .begin_on_with(&mut conn, &plan.lock_sql())
+        .await
+        .unwrap();
+    let mut args = sqlx::postgres::PgArguments::default();
+    plan.bind_standings(&mut args).unwrap();
+    let sql = format!(
+        "WITH {} SELECT ord, tier, used, reserved, read_at FROM quota_standing",
+        quota::standings_cte(1)
+    );
+    let rows: Vec<quota::StandingRow> = sqlx::query_as_with(sqlx::AssertSqlSafe(sql), args)
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(rows[0].used, 0, "the plan's own period, October, is empty");
+    let error = quota
+        .decide(&plan, &rows, &[(free, Service::Specview)])
+        .unwrap_err();
+    assert!(
+        matches!(error, QuotaError::StandingsOutsidePeriod { .. }),
+        "{error:?}"
+    );
+    assert_eq!(quota.replan(&plan, &rows).unwrap().period(), period);
+    let (settled, rows) = quota.settle_period(&mut tx, plan, rows).await.unwrap();
+    assert_eq!((settled.period(), rows[0].used), (period, 5));
+    assert!(quota.replan(&settled, &rows).is_none());
+    let refused = quota
+        .decide(&settled, &rows, &[(free, Service::Specview)])
+        .unwrap()
+        .pop()
+        .unwrap();
+    assert!(
+        matches!(refused, Err(QuotaError::Exceeded(_))),
+        "{refused:?}"
+    );
+    tx.rollback().await.unwrap();
 }
 
 #[tokio::test]

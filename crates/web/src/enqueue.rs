@@ -351,6 +351,16 @@ impl EnqueueRunner {
         let plan = self.quota.plan(requests.iter().copied(), now);
         let mut tx = self.queue.begin_on_with(conn, &plan.lock_sql()).await?;
         let read = cached_and_standings(&mut tx, items, &plan).await?;
+        // At a period's end, or with the host's clock off, the standings are read again for the
+        // database's period (same transaction, locks held).
+        let (plan, standings) = self
+            .quota
+            .settle_period(&mut tx, plan, read.standings)
+            .await
+            .map_err(|e| match e {
+                quota::QuotaError::Database(e) => BatchError::from(e),
+                e => BatchError::BeforeCommit(crate::quota_problem(e)),
+            })?;
         let mut outcomes: Vec<Option<Outcome>> = items.iter().map(|_| None).collect();
         for (index, view) in read.hits {
             if let Some(outcome) = outcomes.get_mut(index) {
@@ -363,7 +373,7 @@ impl EnqueueRunner {
         let pending_requests: Vec<(Uuid, Service)> = pending.iter().map(|&i| requests[i]).collect();
         let checks = self
             .quota
-            .decide(&plan, &read.standings, &pending_requests)
+            .decide(&plan, &standings, &pending_requests)
             .map_err(crate::quota_problem)?;
         let mut granted = Vec::new();
         let mut jobs = Vec::new();
@@ -470,6 +480,7 @@ async fn cached_and_standings(
                 tier: row.try_get("standing_tier")?,
                 used: row.try_get("standing_used")?,
                 reserved: row.try_get("standing_reserved")?,
+                read_at: row.try_get("standing_read_at")?,
             }),
             None => {
                 let ord: i64 = row.try_get("ord")?;
@@ -537,7 +548,7 @@ fn cached_and_standings_sql() -> &'static str {
                SELECT source.ord, copied.* FROM copied JOIN source ON source.copy_id = copied.id \
              ), {standings} \
              SELECT s.ord AS standing_ord, s.tier AS standing_tier, s.used AS standing_used, \
-                    s.reserved AS standing_reserved, h.* \
+                    s.reserved AS standing_reserved, s.read_at AS standing_read_at, h.* \
              FROM quota_standing s FULL JOIN cache_hit h ON false",
             requests = queue::compose::unnest_params(1, &CACHE_TYPES),
             standings = quota::standings_cte(1 + CACHE_TYPES.len()),
