@@ -46,9 +46,15 @@ pub use state::AppState;
 /// Maps a quota error to its response: 429 `quota_exceeded` with the numbers and `Retry-After`
 /// to the end of the billing period.
 pub fn quota_problem(e: quota::QuotaError) -> Problem {
+    quota_problem_at(e, chrono::Utc::now())
+}
+
+/// [`quota_problem`] as of `now`. `Retry-After` is rounded up to whole seconds: a client that
+/// waits exactly that long is past the period's end, not a fraction of a second before it.
+fn quota_problem_at(e: quota::QuotaError, now: chrono::DateTime<chrono::Utc>) -> Problem {
     match e {
         quota::QuotaError::Exceeded(x) => {
-            let retry = x.period.remaining(chrono::Utc::now()).as_secs().max(1);
+            let retry = ratelimit::ceil_seconds(x.period.remaining(now)).max(1);
             Problem::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "quota_exceeded",
@@ -320,4 +326,52 @@ impl Server {
 /// Serves the API with `config` until `shutdown` fires.
 pub async fn run(config: WebConfig, shutdown: CancellationToken) -> anyhow::Result<()> {
     Server::bind(&config).await?.run(shutdown).await
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use chrono::{Duration, TimeZone, Utc};
+    use common::{Service, Tier};
+    use quota::{BillingCycle, BillingPeriod, QuotaError, QuotaExceeded};
+    use uuid::Uuid;
+
+    use super::*;
+
+    fn exceeded(period: BillingPeriod) -> QuotaError {
+        QuotaError::Exceeded(Box::new(QuotaExceeded {
+            user_id: Uuid::nil(),
+            tier: Tier::Free,
+            event_type: Service::Analysis,
+            used: 50,
+            reserved: 0,
+            requested: 1,
+            limit: 50,
+            period,
+        }))
+    }
+
+    fn retry_after(problem: Problem) -> String {
+        let response = problem.into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        response.headers()[http::header::RETRY_AFTER]
+            .to_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    #[test]
+    fn quota_retry_after_rounds_up_to_the_period_end() {
+        let period = BillingCycle::Month
+            .period_containing(Utc.with_ymd_and_hms(2026, 11, 26, 0, 0, 0).unwrap());
+        let end = period.end;
+        let at = |before: Duration| quota_problem_at(exceeded(period), end - before);
+        assert_eq!(retry_after(at(Duration::milliseconds(5_900))), "6");
+        assert_eq!(retry_after(at(Duration::milliseconds(5_001))), "6");
+        assert_eq!(retry_after(at(Duration::seconds(5))), "5");
+        // At or past the end (a clock a little ahead), still a positive wait.
+        assert_eq!(retry_after(at(Duration::zero())), "1");
+        assert_eq!(retry_after(at(Duration::seconds(-3))), "1");
+    }
 }

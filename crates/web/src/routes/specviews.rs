@@ -101,17 +101,54 @@ pub async fn create(
     }
 }
 
+/// Whether the caller's `Accept` prefers Markdown to JSON (RFC 9110 §12.5.1): `text/markdown`
+/// with a weight above zero and at least that of JSON, each weighed by its most specific range
+/// (`application/json` over `application/*` over `*/*`; JSON has weight 1 when nothing names
+/// it and 0 when something else is named but not it).
 fn wants_markdown(headers: &HeaderMap) -> bool {
-    headers
+    // (specificity, weight) of the most specific range matching each type.
+    let mut markdown: Option<(u8, f32)> = None;
+    let mut json: Option<(u8, f32)> = None;
+    let mut any_range = false;
+    for range in headers
         .get_all(http::header::ACCEPT)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .any(|v| {
-            v.split(';')
-                .next()
-                .is_some_and(|m| m.trim().eq_ignore_ascii_case("text/markdown"))
-        })
+    {
+        let mut parts = range.split(';');
+        let media = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+        if media.is_empty() {
+            continue;
+        }
+        any_range = true;
+        let weight = parts
+            .filter_map(|p| p.split_once('='))
+            .find(|(k, _)| k.trim().eq_ignore_ascii_case("q"))
+            .map_or(1.0, |(_, v)| v.trim().parse::<f32>().unwrap_or(0.0));
+        let consider = |slot: &mut Option<(u8, f32)>, specificity: u8| {
+            if slot.is_none_or(|(s, _)| specificity > s) {
+                *slot = Some((specificity, weight));
+            }
+        };
+        match media.as_str() {
+            "text/markdown" => consider(&mut markdown, 2),
+            "text/*" => consider(&mut markdown, 1),
+            "application/json" => consider(&mut json, 2),
+            "application/*" => consider(&mut json, 1),
+            "*/*" => {
+                consider(&mut markdown, 0);
+                consider(&mut json, 0);
+            }
+            _ => {}
+        }
+    }
+    // Markdown only when asked for by name: `*/*` or `text/*` alone get the default, JSON.
+    let Some((2, markdown_weight)) = markdown else {
+        return false;
+    };
+    let json_weight = json.map_or(if any_range { 0.0 } else { 1.0 }, |(_, w)| w);
+    markdown_weight > 0.0 && markdown_weight >= json_weight
 }
 
 /// A specview of the caller's, as JSON or (with `Accept: text/markdown`) as Markdown.
@@ -173,12 +210,33 @@ mod tests {
     fn accept_negotiation() {
         let mut h = HeaderMap::new();
         assert!(!wants_markdown(&h));
-        h.insert(
-            http::header::ACCEPT,
-            HeaderValue::from_static("application/json, text/markdown;q=0.5"),
-        );
-        assert!(wants_markdown(&h));
-        h.insert(http::header::ACCEPT, HeaderValue::from_static("*/*"));
-        assert!(!wants_markdown(&h));
+        let accept = |h: &mut HeaderMap, value: &'static str| {
+            h.insert(http::header::ACCEPT, HeaderValue::from_static(value));
+        };
+        for markdown in [
+            "text/markdown",
+            "TEXT/Markdown; charset=utf-8",
+            "text/markdown, application/json",
+            "application/json;q=0.5, text/markdown",
+            "text/markdown;q=0.3, */*;q=0.1",
+            "text/html, text/markdown;q=0.8",
+        ] {
+            accept(&mut h, markdown);
+            assert!(wants_markdown(&h), "{markdown}");
+        }
+        for json in [
+            "*/*",
+            "text/*",
+            "application/json",
+            "application/json, text/markdown;q=0.5",
+            "text/markdown;q=0, application/json",
+            "text/markdown;q=0",
+            "text/markdown;q=0.5, */*",
+            "text/markdown;q=0.5, application/*;q=0.9",
+            "text/markdown;q=nonsense",
+        ] {
+            accept(&mut h, json);
+            assert!(!wants_markdown(&h), "{json}");
+        }
     }
 }
