@@ -137,15 +137,20 @@ async fn execute(rt: &Runtime, ctx: &JobContext) -> Resolution {
     }
 }
 
-/// A failure after a stop request is the stop taking effect, not a failure of the job.
+/// A failure after a stop request is the stop taking effect, not a failure of the job. So is a
+/// cancel after a shutdown: a handler cannot tell the two stops apart (`ctx.cancelled()` fires
+/// for both), and one that answers either with a cancel must not end the job for good on every
+/// deploy. The job is handed back instead; if its user did ask for a cancel meanwhile, the
+/// hand-back sees the request and cancels it.
 fn settle(outcome: JobOutcome, reason: Option<CancelReason>) -> Resolution {
     match (outcome, reason) {
         (JobOutcome::Failed { .. }, Some(CancelReason::Requested)) => {
             Resolution::Outcome(JobOutcome::Cancelled("cancelled while running".into()))
         }
-        (JobOutcome::Failed { message, .. }, Some(CancelReason::Shutdown)) => {
-            Resolution::Interrupted(format!("worker shut down while the job ran: {message}"))
-        }
+        (
+            JobOutcome::Failed { message, .. } | JobOutcome::Cancelled(message),
+            Some(CancelReason::Shutdown),
+        ) => Resolution::Interrupted(format!("worker shut down while the job ran: {message}")),
         (outcome, _) => Resolution::Outcome(outcome),
     }
 }
@@ -188,6 +193,18 @@ mod tests {
             Resolution::Interrupted(_)
         ));
         assert_eq!(settle(failed.clone(), None), Resolution::Outcome(failed));
+        // A handler answering the stop with a cancel: for a user's cancel it is one, for a
+        // shutdown the job is handed back.
+        let cancel = JobOutcome::Cancelled("stopped".into());
+        assert_eq!(
+            settle(cancel.clone(), Some(CancelReason::Requested)),
+            Resolution::Outcome(cancel.clone())
+        );
+        assert!(matches!(
+            settle(cancel.clone(), Some(CancelReason::Shutdown)),
+            Resolution::Interrupted(_)
+        ));
+        assert_eq!(settle(cancel.clone(), None), Resolution::Outcome(cancel));
         // Success stands even if a stop was requested meanwhile.
         assert_eq!(
             settle(JobOutcome::Completed, Some(CancelReason::Requested)),

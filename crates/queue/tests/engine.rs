@@ -500,6 +500,53 @@ async fn shutdown_lets_jobs_finish_and_hands_back_those_past_the_deadline() {
     assert_eq!(workers_left, 0, "the worker deregistered");
 }
 
+/// A handler that answers `ctx.cancelled()` with a cancel, the natural idiom, does not cancel
+/// its job for good when the stop is a shutdown: the job is handed back like a failed one, with
+/// the attempt refunded, while a user's cancel of another running job still cancels it.
+#[tokio::test]
+async fn a_handler_that_cancels_on_shutdown_hands_its_job_back() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let mut workers = Workers::new();
+    workers.register_fn::<Sleep, _, _>(|ctx, args| async move {
+        tokio::select! {
+            () = ctx.cancelled() => Err(JobError::Cancel("stopped".into())),
+            () = tokio::time::sleep(Duration::from_millis(args.ms)) => Ok(()),
+        }
+    });
+    let by_user = client
+        .insert(NewJob::new(q("q"), &Sleep { ms: 60_000 }).unwrap())
+        .await
+        .unwrap()
+        .job;
+    let by_deploy = client
+        .insert(NewJob::new(q("q"), &Sleep { ms: 60_001 }).unwrap())
+        .await
+        .unwrap()
+        .job;
+    let mut config = fast_config();
+    config.shutdown_timeout = Duration::from_secs(1);
+    let engine = start(&client, config, &[("q", 2)], workers);
+    eventually(Duration::from_secs(10), "both running", || async {
+        (count_in_state(&db.pool, "running").await == 2).then_some(())
+    })
+    .await;
+    client.cancel(by_user.id).await.unwrap();
+    eventually(Duration::from_secs(10), "the user's cancel", || async {
+        let job = client.job(by_user.id).await.unwrap().unwrap();
+        (job.state == JobState::Cancelled).then_some(())
+    })
+    .await;
+    engine.stop().await;
+    let by_deploy = client.job(by_deploy.id).await.unwrap().unwrap();
+    assert_eq!(by_deploy.state, JobState::Available, "handed back");
+    assert_eq!(
+        by_deploy.attempt, 0,
+        "the interrupted attempt does not count"
+    );
+    assert_eq!(by_deploy.attempt_errors()[0].kind, FailureKind::Interrupted);
+}
+
 /// A handler that blocks its thread cannot be interrupted: its executor, and with it the
 /// completions' channel, stays alive. Shutdown still ends within its bound (deadline, cancel
 /// grace, then 10 s for the completer) instead of waiting for the handler, leaving that job
