@@ -161,9 +161,10 @@ fn json_type(v: &Value) -> &'static str {
     }
 }
 
-/// `insert_many`'s statement, with the given conflict clause after the `INSERT`'s `SELECT`.
+/// `insert_many`'s statement, with the rows inserted in the given order and the given conflict
+/// clause after the `INSERT`'s `SELECT`.
 macro_rules! insert_many_sql {
-    ($on_conflict:literal) => {
+    ($order:literal, $on_conflict:literal) => {
         concat!(
             r#"
 WITH input AS (
@@ -182,7 +183,9 @@ ins AS (
            n.kind, n.queue, n.args, n.priority, n.max_attempts, coalesce(n.scheduled_at, now()),
            n.unique_key, n.metadata
     FROM input n
-    ORDER BY n.ord
+    ORDER BY "#,
+            $order,
+            r#"
     "#,
             $on_conflict,
             r#"
@@ -198,8 +201,14 @@ SELECT ins.* FROM ins WHERE (SELECT count(*) FROM notified) >= 0 ORDER BY ins.id
     };
 }
 
-/// For a batch in which some job has a unique key: a duplicate of a live job is skipped.
+/// For a batch in which some job has a unique key: a duplicate of a live job is skipped. The
+/// keyed rows go in in key order (after the others, which keep theirs): an insert that meets a
+/// key another transaction has just inserted waits for that transaction, so two batches taking
+/// shared keys in different orders would each wait for the other, and one would fail with a
+/// deadlock instead of learning the existing job. Within a key, the earlier job of a batch still
+/// wins.
 const INSERT_MANY_SQL: &str = insert_many_sql!(
+    "n.unique_key NULLS FIRST, n.ord",
     "ON CONFLICT (unique_key)
         WHERE unique_key IS NOT NULL AND state IN ('available', 'scheduled', 'running', 'retryable')
         DO NOTHING"
@@ -208,7 +217,7 @@ const INSERT_MANY_SQL: &str = insert_many_sql!(
 /// For a batch without unique keys, where no row can conflict: without an `ON CONFLICT` clause
 /// PostgreSQL inserts each row directly instead of speculatively (a check of the arbiter index,
 /// then a second WAL record to confirm the row), about a tenth less work per row.
-const INSERT_MANY_WITHOUT_KEYS_SQL: &str = insert_many_sql!("");
+const INSERT_MANY_WITHOUT_KEYS_SQL: &str = insert_many_sql!("n.ord", "");
 
 const EXISTING_UNIQUE_SQL: &str = "SELECT * FROM fairlane_job \
      WHERE unique_key = ANY($1) AND state IN ('available', 'scheduled', 'running', 'retryable')";

@@ -65,6 +65,53 @@ async fn fifty_concurrent_inserts_with_one_unique_key_make_one_job() {
     assert_eq!(total, 1);
 }
 
+/// Two batches sharing their unique keys, taken in opposite orders, both learn the outcome: every
+/// key is inserted once and the other batch reports that job, and neither fails with a deadlock
+/// (each insert of a key waits for the transaction that inserted it first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_taking_shared_unique_keys_in_opposite_orders_never_deadlock() {
+    const KEYS: u64 = 300;
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    for round in 0..20 {
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(2));
+        let batch = |descending: bool| {
+            let (client, barrier) = (client.clone(), barrier.clone());
+            tokio::spawn(async move {
+                let mut keys: Vec<u64> = (0..KEYS).collect();
+                if descending {
+                    keys.reverse();
+                }
+                let jobs = keys
+                    .iter()
+                    .map(|&n| {
+                        NewJob::new(q("default"), &Tag { n })
+                            .unwrap()
+                            .unique_key(format!("r{round}-k{n}"))
+                    })
+                    .collect();
+                barrier.wait().await;
+                client.insert_many(jobs).await
+            })
+        };
+        let (up, down) = (batch(false), batch(true));
+        let up = up.await.unwrap().expect("the ascending batch");
+        let down = down.await.unwrap().expect("the descending batch");
+        // Both see the same job for each key, inserted by exactly one of them, in input order.
+        for (i, r) in up.iter().enumerate() {
+            let d = &down[down.len() - 1 - i];
+            assert_eq!(r.job.id, d.job.id, "round {round}, key {i}");
+            assert_ne!(r.duplicate, d.duplicate, "round {round}, key {i}");
+            assert_eq!(r.job.args["n"].as_u64(), Some(i as u64));
+        }
+    }
+    let total: i64 = sqlx::query_scalar("SELECT count(*) FROM fairlane_job")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(total, 20 * KEYS as i64);
+}
+
 #[tokio::test]
 async fn unique_key_is_free_again_once_the_job_is_final() {
     let db = TestDb::new().await;
