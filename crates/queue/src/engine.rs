@@ -288,7 +288,7 @@ impl Engine {
             running = inflight.len(),
             "shutting down: no new jobs will be fetched"
         );
-        while producers.join_next().await.is_some() {}
+        join_within(&mut producers, STALLED_STATEMENT_BOUND, "producers").await;
         executors.close();
         if tokio::time::timeout(config.shutdown_timeout, executors.wait())
             .await
@@ -310,7 +310,7 @@ impl Engine {
         // (they hold the runtime, hence the channel's sender), then let the completer persist the
         // rest, within a bound in case the database is gone.
         background.cancel();
-        while tasks.join_next().await.is_some() {}
+        join_within(&mut tasks, STALLED_STATEMENT_BOUND, "background tasks").await;
         drop(rt);
         if !completer_stopped
             && tokio::time::timeout(Duration::from_secs(10), &mut completer)
@@ -318,17 +318,68 @@ impl Engine {
                 .is_err()
         {
             abandon.cancel();
-            let _ = completer.await;
+            // The completer gives up between tries; one stuck in a statement is aborted, and
+            // the jobs whose ends it held are the rescuer's once this worker is gone.
+            if tokio::time::timeout(STALLED_STATEMENT_BOUND, &mut completer)
+                .await
+                .is_err()
+            {
+                tracing::error!(
+                    "the completer is stuck in a statement; its unsaved ends will be rescued"
+                );
+                completer.abort();
+            }
         }
         // Deregistered, this process's `running` jobs are the rescuer's at its next pass.
-        if let Err(e) = heartbeat::deregister(&pool, &self.worker_id).await {
-            tracing::warn!(error = %e, "could not deregister worker; it will be reaped as stale");
+        match tokio::time::timeout(
+            STALLED_STATEMENT_BOUND,
+            heartbeat::deregister(&pool, &self.worker_id),
+        )
+        .await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "could not deregister worker; it will be reaped as stale");
+            }
+            Err(_) => tracing::warn!(
+                "deregistering the worker did not finish in time; it will be reaped as stale"
+            ),
         }
         tracing::info!(worker_id = %self.worker_id, "queue engine stopped");
         if completer_stopped {
             return Err(QueueError::CompleterStopped);
         }
         Ok(())
+    }
+}
+
+/// How long shutdown waits for a step that is only waiting on the database (a producer's fetch,
+/// a heartbeat or maintenance pass, the completer's last write, deregistering) before going on
+/// without it. A statement has no timeout of its own: one stuck behind a lock, or on a
+/// connection whose network has gone silent, would otherwise keep the process from exiting
+/// until the orchestrator kills it. Every job left `running` by such a step is rescued once the
+/// worker's heartbeat is stale, as after a crash.
+const STALLED_STATEMENT_BOUND: Duration = Duration::from_secs(3);
+
+/// Waits for every task of `set`.
+async fn drain<T: 'static>(set: &mut tokio::task::JoinSet<T>) {
+    while set.join_next().await.is_some() {}
+}
+
+/// Waits for every task of `set` for up to `bound`, then aborts the rest (each stops at its
+/// next await) and waits up to `bound` again for them to unwind.
+async fn join_within<T: 'static>(
+    set: &mut tokio::task::JoinSet<T>,
+    bound: Duration,
+    what: &'static str,
+) {
+    if tokio::time::timeout(bound, drain(set)).await.is_err() {
+        tracing::warn!(
+            tasks = set.len(),
+            "shutdown: {what} did not stop in time (stuck on the database?); aborting them"
+        );
+        set.abort_all();
+        let _ = tokio::time::timeout(bound, drain(set)).await;
     }
 }
 

@@ -500,6 +500,44 @@ async fn shutdown_lets_jobs_finish_and_hands_back_those_past_the_deadline() {
     assert_eq!(workers_left, 0, "the worker deregistered");
 }
 
+/// Shutdown does not wait for ever on a statement that does not return: with the worker rows
+/// locked by another session, the heartbeat's update and the deregistration both hang, and the
+/// engine still stops within its bounds (the worker row stays, to be reaped as stale).
+#[tokio::test]
+async fn shutdown_ends_even_when_the_database_stops_answering_its_statements() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let engine = start(&client, fast_config(), &[("q", 1)], Workers::new());
+    eventually(Duration::from_secs(10), "the worker registered", || async {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM fairlane_worker")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        (n == 1).then_some(())
+    })
+    .await;
+    let mut blocker = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT FROM fairlane_worker FOR UPDATE")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    // Let a heartbeat start and hang behind the lock.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = std::time::Instant::now();
+    engine.shutdown.cancel();
+    let stopped = tokio::time::timeout(Duration::from_secs(20), engine.handle).await;
+    blocker.rollback().await.unwrap();
+    stopped
+        .expect("the engine did not stop while its statements hung")
+        .expect("engine task panicked")
+        .expect("engine returned an error");
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "it did wait for the stuck statements first: {:?}",
+        started.elapsed()
+    );
+}
+
 /// A handler that answers `ctx.cancelled()` with a cancel, the natural idiom, does not cancel
 /// its job for good when the stop is a shutdown: the job is handed back like a failed one, with
 /// the attempt refunded, while a user's cancel of another running job still cancels it.
