@@ -234,6 +234,23 @@ async fn a_split_check_that_waited_for_the_lock_sees_the_holders_reservation() {
     );
 }
 
+/// The standings of `plan`, read through [`quota::standings_cte`] in a statement of their own.
+async fn standings(
+    conn: &mut sqlx::PgConnection,
+    plan: &quota::CheckPlan,
+) -> Vec<quota::StandingRow> {
+    let mut args = sqlx::postgres::PgArguments::default();
+    plan.bind_standings(&mut args).unwrap();
+    let sql = format!(
+        "WITH {} SELECT ord, tier, used, reserved, read_at FROM quota_standing",
+        quota::standings_cte(1)
+    );
+    sqlx::query_as_with(sqlx::AssertSqlSafe(sql), args)
+        .fetch_all(conn)
+        .await
+        .unwrap()
+}
+
 /// Begins a transaction on `conn` with the lock of `requests`' users, as the web service does,
 /// then reads their standings in a statement of its own and decides `requests`.
 async fn split_check<'c>(
@@ -244,16 +261,7 @@ async fn split_check<'c>(
 ) -> (queue::QueueTx<'c>, Vec<Result<quota::Grant, QuotaError>>) {
     let plan = quota.plan(requests.iter().copied(), Utc::now());
     let mut tx = client.begin_on_with(conn, &plan.lock_sql()).await.unwrap();
-    let mut args = sqlx::postgres::PgArguments::default();
-    plan.bind_standings(&mut args).unwrap();
-    let sql = format!(
-        "WITH {} SELECT ord, tier, used, reserved, read_at FROM quota_standing",
-        quota::standings_cte(1)
-    );
-    let rows: Vec<quota::StandingRow> = sqlx::query_as_with(sqlx::AssertSqlSafe(sql), args)
-        .fetch_all(&mut *tx)
-        .await
-        .unwrap();
+    let rows = standings(&mut tx, &plan).await;
     let grants = quota.decide(&plan, &rows, requests).unwrap();
     (tx, grants)
 }
@@ -306,16 +314,7 @@ async fn the_check_counts_the_databases_billing_period_whatever_the_callers_cloc
         .begin_on_with(&mut conn, &plan.lock_sql())
         .await
         .unwrap();
-    let mut args = sqlx::postgres::PgArguments::default();
-    plan.bind_standings(&mut args).unwrap();
-    let sql = format!(
-        "WITH {} SELECT ord, tier, used, reserved, read_at FROM quota_standing",
-        quota::standings_cte(1)
-    );
-    let rows: Vec<quota::StandingRow> = sqlx::query_as_with(sqlx::AssertSqlSafe(sql), args)
-        .fetch_all(&mut *tx)
-        .await
-        .unwrap();
+    let rows = standings(&mut tx, &plan).await;
     assert_eq!(rows[0].used, 0, "the plan's own period, October, is empty");
     let error = quota
         .decide(&plan, &rows, &[(free, Service::Specview)])
