@@ -439,27 +439,34 @@ async fn notify_wakes_an_idle_queue_long_before_its_poll_interval() {
     );
 }
 
+/// Workers whose `Sleep` handler sleeps for its `ms`, or answers a stop with `on_stop()`.
+fn stoppable_sleepers(on_stop: fn() -> JobError) -> Workers {
+    let mut workers = Workers::new();
+    workers.register_fn::<Sleep, _, _>(move |ctx, args| async move {
+        tokio::select! {
+            () = ctx.cancelled() => Err(on_stop()),
+            () = tokio::time::sleep(Duration::from_millis(args.ms)) => Ok(()),
+        }
+    });
+    workers
+}
+
+/// Inserts a `Sleep` job of `ms` into queue `q`.
+async fn insert_sleep(client: &Client, ms: u64) -> queue::JobRow {
+    client
+        .insert(NewJob::new(q("q"), &Sleep { ms }).expect("a valid job"))
+        .await
+        .expect("inserting a sleep job")
+        .job
+}
+
 #[tokio::test]
 async fn shutdown_lets_jobs_finish_and_hands_back_those_past_the_deadline() {
     let db = TestDb::new().await;
     let client = Client::new(db.pool.clone());
-    let mut workers = Workers::new();
-    workers.register_fn::<Sleep, _, _>(|ctx, args| async move {
-        tokio::select! {
-            () = ctx.cancelled() => Err(JobError::msg("interrupted")),
-            () = tokio::time::sleep(Duration::from_millis(args.ms)) => Ok(()),
-        }
-    });
-    let quick = client
-        .insert(NewJob::new(q("q"), &Sleep { ms: 500 }).unwrap())
-        .await
-        .unwrap()
-        .job;
-    let slow = client
-        .insert(NewJob::new(q("q"), &Sleep { ms: 60_000 }).unwrap())
-        .await
-        .unwrap()
-        .job;
+    let workers = stoppable_sleepers(|| JobError::msg("interrupted"));
+    let quick = insert_sleep(&client, 500).await;
+    let slow = insert_sleep(&client, 60_000).await;
     let mut config = fast_config();
     config.shutdown_timeout = Duration::from_secs(1);
     let engine = start(&client, config, &[("q", 2)], workers);
@@ -467,11 +474,7 @@ async fn shutdown_lets_jobs_finish_and_hands_back_those_past_the_deadline() {
         (count_in_state(&db.pool, "running").await == 2).then_some(())
     })
     .await;
-    let later = client
-        .insert(NewJob::new(q("q"), &Sleep { ms: 1 }).unwrap())
-        .await
-        .unwrap()
-        .job;
+    let later = insert_sleep(&client, 1).await;
     engine.stop().await;
     let quick = client.job(quick.id).await.unwrap().unwrap();
     let slow = client.job(slow.id).await.unwrap().unwrap();
@@ -545,23 +548,9 @@ async fn shutdown_ends_even_when_the_database_stops_answering_its_statements() {
 async fn a_handler_that_cancels_on_shutdown_hands_its_job_back() {
     let db = TestDb::new().await;
     let client = Client::new(db.pool.clone());
-    let mut workers = Workers::new();
-    workers.register_fn::<Sleep, _, _>(|ctx, args| async move {
-        tokio::select! {
-            () = ctx.cancelled() => Err(JobError::Cancel("stopped".into())),
-            () = tokio::time::sleep(Duration::from_millis(args.ms)) => Ok(()),
-        }
-    });
-    let by_user = client
-        .insert(NewJob::new(q("q"), &Sleep { ms: 60_000 }).unwrap())
-        .await
-        .unwrap()
-        .job;
-    let by_deploy = client
-        .insert(NewJob::new(q("q"), &Sleep { ms: 60_001 }).unwrap())
-        .await
-        .unwrap()
-        .job;
+    let workers = stoppable_sleepers(|| JobError::Cancel("stopped".into()));
+    let by_user = insert_sleep(&client, 60_000).await;
+    let by_deploy = insert_sleep(&client, 60_001).await;
     let mut config = fast_config();
     config.shutdown_timeout = Duration::from_secs(1);
     let engine = start(&client, config, &[("q", 2)], workers);
