@@ -215,6 +215,15 @@ impl From<sqlx::Error> for BatchError {
     }
 }
 
+impl From<quota::QuotaError> for BatchError {
+    fn from(e: quota::QuotaError) -> Self {
+        match e {
+            quota::QuotaError::Database(e) => e.into(),
+            e => BatchError::BeforeCommit(crate::quota_problem(e)),
+        }
+    }
+}
+
 impl From<queue::QueueError> for BatchError {
     fn from(e: queue::QueueError) -> Self {
         match e {
@@ -356,11 +365,7 @@ impl EnqueueRunner {
         let (plan, standings) = self
             .quota
             .settle_period(&mut tx, plan, read.standings)
-            .await
-            .map_err(|e| match e {
-                quota::QuotaError::Database(e) => BatchError::from(e),
-                e => BatchError::BeforeCommit(crate::quota_problem(e)),
-            })?;
+            .await?;
         let mut outcomes: Vec<Option<Outcome>> = items.iter().map(|_| None).collect();
         for (index, view) in read.hits {
             if let Some(outcome) = outcomes.get_mut(index) {

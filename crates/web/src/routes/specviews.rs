@@ -102,12 +102,13 @@ pub async fn create(
 }
 
 /// Whether the caller's `Accept` prefers Markdown to JSON (RFC 9110 §12.5.1): `text/markdown`
-/// with a weight above zero and at least that of JSON, each weighed by its most specific range
-/// (`application/json` over `application/*` over `*/*`; JSON has weight 1 when nothing names
-/// it and 0 when something else is named but not it).
+/// named, with a weight above zero and at least that of JSON. JSON is weighed by its most
+/// specific range (`application/json` over `application/*` over `*/*`); it has weight 1 when
+/// nothing names it and 0 when something else is named but not it. `*/*` or `text/*` alone
+/// get the default, JSON.
 fn wants_markdown(headers: &HeaderMap) -> bool {
-    // (specificity, weight) of the most specific range matching each type.
-    let mut markdown: Option<(u8, f32)> = None;
+    let mut markdown: Option<f32> = None;
+    // (specificity, weight) of the most specific range matching JSON.
     let mut json: Option<(u8, f32)> = None;
     let mut any_range = false;
     for range in headers
@@ -126,25 +127,21 @@ fn wants_markdown(headers: &HeaderMap) -> bool {
             .filter_map(|p| p.split_once('='))
             .find(|(k, _)| k.trim().eq_ignore_ascii_case("q"))
             .map_or(1.0, |(_, v)| v.trim().parse::<f32>().unwrap_or(0.0));
-        let consider = |slot: &mut Option<(u8, f32)>, specificity: u8| {
-            if slot.is_none_or(|(s, _)| specificity > s) {
-                *slot = Some((specificity, weight));
+        let specificity = match media.as_str() {
+            "text/markdown" => {
+                markdown.get_or_insert(weight);
+                continue;
             }
+            "application/json" => 2,
+            "application/*" => 1,
+            "*/*" => 0,
+            _ => continue,
         };
-        match media.as_str() {
-            "text/markdown" => consider(&mut markdown, 2),
-            "text/*" => consider(&mut markdown, 1),
-            "application/json" => consider(&mut json, 2),
-            "application/*" => consider(&mut json, 1),
-            "*/*" => {
-                consider(&mut markdown, 0);
-                consider(&mut json, 0);
-            }
-            _ => {}
+        if json.is_none_or(|(s, _)| specificity > s) {
+            json = Some((specificity, weight));
         }
     }
-    // Markdown only when asked for by name: `*/*` or `text/*` alone get the default, JSON.
-    let Some((2, markdown_weight)) = markdown else {
+    let Some(markdown_weight) = markdown else {
         return false;
     };
     let json_weight = json.map_or(if any_range { 0.0 } else { 1.0 }, |(_, w)| w);
