@@ -195,9 +195,9 @@ impl Persister {
     /// Persists one completion. If the database keeps refusing it (an output `jsonb` cannot hold,
     /// a hook that fails on this job), the attempt is recorded as failed with the reason instead,
     /// so the job is retried or discarded by its own rules and never stays `running` behind a
-    /// completion that cannot be saved. If even that is refused, the job is dropped from this
-    /// process's in-flight set, so the heartbeat hands it back like a job whose fetch reply was
-    /// lost, and the completer goes on.
+    /// completion that cannot be saved. If even that is refused, the run is marked unsaved, so the
+    /// heartbeat hands the job back as an attempt used (never given back, so a job whose every end
+    /// is refused runs out of attempts instead of running for ever), and the completer goes on.
     async fn persist_one(&self, completion: &Completion) -> bool {
         let refusal = match self
             .try_until(std::slice::from_ref(completion), REFUSALS_BEFORE_FALLBACK)
@@ -231,7 +231,7 @@ impl Persister {
         };
         tracing::error!(job_id = job.id, attempt = job.attempt, error = %refusal,
             "the database refuses to record this attempt as failed too; leaving the job to be handed back");
-        self.inflight.remove_all(std::iter::once(completion.run()));
+        self.inflight.mark_unsaved(completion.run());
         self.metrics.outcome(&job.queue, &job.kind, "unsaved");
         true
     }

@@ -1,6 +1,7 @@
-//! This process's proof of life (`fairlane_worker.heartbeat_at`) and two repairs that piggyback on
-//! it: handing back `running` jobs attributed to this process that it never received (a fetch
-//! whose reply was lost with its connection), and catching cancel requests whose NOTIFY was missed.
+//! This process's proof of life (`fairlane_worker.heartbeat_at`) and three repairs that piggyback
+//! on it: handing back `running` jobs attributed to this process that it never received (a fetch
+//! whose reply was lost with its connection), handing back runs whose end the database refused,
+//! and catching cancel requests whose NOTIFY was missed.
 
 use std::sync::Arc;
 
@@ -61,6 +62,7 @@ pub(crate) async fn run(rt: Arc<Runtime>, queues: Vec<String>, shutdown: Cancell
 
 async fn beat(rt: &Runtime, queues: &[String]) -> Result<(), QueueError> {
     register(&rt.pool, &rt.worker_id, queues).await?;
+    hand_back_unsaved(rt).await?;
     hand_back_orphans(rt).await?;
     let cancel_requested: Vec<(JobId,)> = sqlx::query_as(
         "SELECT id FROM fairlane_job WHERE state = 'running' AND cardinality(attempted_by) > 0 \
@@ -76,44 +78,173 @@ async fn beat(rt: &Runtime, queues: &[String]) -> Result<(), QueueError> {
     Ok(())
 }
 
+/// The rows [`hand_back_orphans`] looks at: this worker's `running` jobs that it does not hold
+/// (`$2`), fetched longer than the orphan grace ago (`$3` ms).
+macro_rules! orphan_condition {
+    () => {
+        "j.state = 'running' AND cardinality(j.attempted_by) > 0 \
+         AND j.attempted_by[cardinality(j.attempted_by)] = $1 \
+         AND NOT (j.id = ANY($2)) \
+         AND j.attempted_at < now() - $3 * interval '1 millisecond'"
+    };
+}
+
+/// Hands back the orphans among `$4` (all of them if NULL): to `available` with the attempt
+/// given back, since no handler ever started them, or `cancelled` if a cancel was requested
+/// meanwhile.
+const HAND_BACK_ORPHANS_SQL: &str = concat!(
+    "UPDATE fairlane_job j SET \
+         state = CASE WHEN (j.metadata ->> 'cancel_attempted_at') IS NOT NULL THEN 'cancelled' \
+                      ELSE 'available' END::fairlane_job_state, \
+         finalized_at = CASE WHEN (j.metadata ->> 'cancel_attempted_at') IS NOT NULL THEN now() END, \
+         attempt = greatest(j.attempt - 1, 0), scheduled_at = now(), \
+         errors = j.errors || jsonb_build_array(jsonb_build_object( \
+             'attempt', j.attempt, 'at', now(), 'kind', 'interrupted', \
+             'error', 'fetched by worker ' || $1 || ' but never started (the fetch reply was lost)')) \
+     WHERE ",
+    orphan_condition!(),
+    " AND ($4::bigint[] IS NULL OR j.id = ANY($4)) \
+     RETURNING j.id, j.queue, j.kind, j.user_id, j.state"
+);
+
+/// Hands back one run of this worker whose end the database refused (`$2`, fetched at `$3`), as
+/// an attempt used: `cancelled` if a cancel was requested, `discarded` if it was the last
+/// attempt, `available` otherwise. The next state is decided in the locking read, as the
+/// rescue's is.
+const HAND_BACK_UNSAVED_SQL: &str = "WITH decided AS ( \
+         SELECT j.id, CASE \
+             WHEN (j.metadata ->> 'cancel_attempted_at') IS NOT NULL THEN 'cancelled' \
+             WHEN j.attempt >= j.max_attempts THEN 'discarded' \
+             ELSE 'available' END::fairlane_job_state AS next \
+         FROM fairlane_job j \
+         WHERE j.id = $2 AND j.attempted_at IS NOT DISTINCT FROM $3 AND j.state = 'running' \
+           AND cardinality(j.attempted_by) > 0 AND j.attempted_by[cardinality(j.attempted_by)] = $1 \
+         FOR UPDATE OF j) \
+     UPDATE fairlane_job j SET \
+         state = d.next, \
+         finalized_at = CASE WHEN d.next = 'available' THEN NULL ELSE now() END, \
+         scheduled_at = CASE WHEN d.next = 'available' THEN now() ELSE j.scheduled_at END, \
+         errors = j.errors || jsonb_build_array(jsonb_build_object( \
+             'attempt', j.attempt, 'at', now(), 'kind', 'error', \
+             'error', 'worker ' || $1 || ' could not save the end of this attempt; handed back with the attempt used')) \
+     FROM decided d WHERE j.id = d.id \
+     RETURNING j.id, j.queue, j.kind, j.user_id, j.state";
+
 /// Hands back this process's `running` jobs that it never received, or cancels those whose
 /// cancel was requested meanwhile (no handler has started them, so the cancel holds).
+///
+/// All of them go in one transaction. If the database refuses it for a reason other than a lost
+/// connection or conflict (a hook that fails on one job), each goes in a transaction of its own,
+/// so one job the hooks refuse does not hold the others back; it stays `running` and is tried
+/// again at the next heartbeat.
 async fn hand_back_orphans(rt: &Runtime) -> Result<(), QueueError> {
+    let handed_back = match hand_back_orphans_among(rt, None).await {
+        Ok(handed_back) => handed_back,
+        Err(e) if e.is_transient() => return Err(e),
+        Err(e) => {
+            tracing::warn!(error = %e, "handing back orphaned jobs together was refused; handing them back one by one");
+            let known = rt.inflight.ids();
+            let candidates: Vec<JobId> = sqlx::query_scalar(concat!(
+                "SELECT j.id FROM fairlane_job j WHERE ",
+                orphan_condition!()
+            ))
+            .bind(&*rt.worker_id)
+            .bind(&known)
+            .bind(duration_millis(rt.config.orphan_grace))
+            .fetch_all(&rt.pool)
+            .await?;
+            let mut handed_back = Vec::new();
+            for id in candidates {
+                match hand_back_orphans_among(rt, Some(&[id])).await {
+                    Ok(moved) => handed_back.extend(moved),
+                    Err(e) if e.is_transient() => return Err(e),
+                    Err(e) => tracing::error!(job_id = id, error = %e,
+                        "the database refuses to hand back this orphaned job; it stays running and is tried again at the next heartbeat"),
+                }
+            }
+            handed_back
+        }
+    };
+    if !handed_back.is_empty() {
+        tracing::warn!(
+            jobs = handed_back.len(),
+            "handed back jobs whose fetch reply was lost"
+        );
+    }
+    Ok(())
+}
+
+/// One transaction of [`hand_back_orphans`]: the orphans among `only` (all if `None`), their
+/// hooks, the commit, then the wake-ups.
+async fn hand_back_orphans_among(
+    rt: &Runtime,
+    only: Option<&[JobId]>,
+) -> Result<Vec<Transition>, QueueError> {
     let mut tx = rt.pool.begin().await?;
     // Read after the connection is in hand: waiting for one can take seconds under load, and a
     // job fetched and started during that wait must count as received.
     let known = rt.inflight.ids();
-    let orphans: Vec<Transition> = sqlx::query_as(
-        "UPDATE fairlane_job j SET \
-             state = CASE WHEN (j.metadata ->> 'cancel_attempted_at') IS NOT NULL THEN 'cancelled' \
-                          ELSE 'available' END::fairlane_job_state, \
-             finalized_at = CASE WHEN (j.metadata ->> 'cancel_attempted_at') IS NOT NULL THEN now() END, \
-             attempt = greatest(j.attempt - 1, 0), scheduled_at = now(), \
-             errors = j.errors || jsonb_build_array(jsonb_build_object( \
-                 'attempt', j.attempt, 'at', now(), 'kind', 'interrupted', \
-                 'error', 'fetched by worker ' || $1 || ' but never started (the fetch reply was lost)')) \
-         WHERE j.state = 'running' AND cardinality(j.attempted_by) > 0 \
-           AND j.attempted_by[cardinality(j.attempted_by)] = $1 \
-           AND NOT (j.id = ANY($2)) \
-           AND j.attempted_at < now() - $3 * interval '1 millisecond' \
-         RETURNING j.id, j.queue, j.kind, j.user_id, j.state",
-    )
-    .bind(&*rt.worker_id)
-    .bind(&known)
-    .bind(duration_millis(rt.config.orphan_grace))
-    .fetch_all(&mut *tx)
-    .await?;
+    let orphans: Vec<Transition> = sqlx::query_as(HAND_BACK_ORPHANS_SQL)
+        .bind(&*rt.worker_id)
+        .bind(&known)
+        .bind(duration_millis(rt.config.orphan_grace))
+        .bind(only)
+        .fetch_all(&mut *tx)
+        .await?;
     if orphans.is_empty() {
-        return Ok(());
+        return Ok(orphans);
     }
-    run_hooks(&rt.hooks, &mut tx, &orphans).await?;
+    commit_and_wake(rt, tx, &orphans).await?;
+    Ok(orphans)
+}
+
+/// Hands back the runs whose end the database refused ([`Inflight::mark_unsaved`]), each in a
+/// transaction of its own. A run the database still refuses stays `running` and unsaved, and is
+/// tried again at the next heartbeat; one no longer running as that run (rescued or cancelled
+/// meanwhile) is forgotten.
+///
+/// [`Inflight::mark_unsaved`]: crate::runtime::Inflight::mark_unsaved
+async fn hand_back_unsaved(rt: &Runtime) -> Result<(), QueueError> {
+    for (id, started) in rt.inflight.unsaved() {
+        let attempt = async {
+            let mut tx = rt.pool.begin().await?;
+            let moved: Vec<Transition> = sqlx::query_as(HAND_BACK_UNSAVED_SQL)
+                .bind(&*rt.worker_id)
+                .bind(id)
+                .bind(started)
+                .fetch_all(&mut *tx)
+                .await?;
+            if !moved.is_empty() {
+                commit_and_wake(rt, tx, &moved).await?;
+            }
+            Ok::<_, QueueError>(moved)
+        };
+        match attempt.await {
+            Ok(moved) => {
+                rt.inflight.forget_unsaved([(id, started)]);
+                if let Some(t) = moved.first() {
+                    tracing::warn!(job_id = id, state = ?t.state,
+                        "handed back a job whose end could not be saved, with its attempt used");
+                }
+            }
+            Err(e) if e.is_transient() => return Err(e),
+            Err(e) => tracing::error!(job_id = id, error = %e,
+                "the database refuses to hand back this job whose end could not be saved; it stays running and is tried again at the next heartbeat"),
+        }
+    }
+    Ok(())
+}
+
+/// Runs the hooks for `moved` in `tx`, commits, and wakes the queues that may now have work.
+async fn commit_and_wake(
+    rt: &Runtime,
+    mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    moved: &[Transition],
+) -> Result<(), QueueError> {
+    run_hooks(&rt.hooks, &mut tx, moved).await?;
     tx.commit().await?;
-    let mut wake = wakes_after_commit(&rt.hooks, &orphans);
-    wake.extend(orphans.iter().map(|t| t.queue.clone()));
+    let mut wake = wakes_after_commit(&rt.hooks, moved);
+    wake.extend(moved.iter().map(|t| t.queue.clone()));
     rt.waker.wake(wake.iter().map(String::as_str));
-    tracing::warn!(
-        jobs = orphans.len(),
-        "handed back jobs whose fetch reply was lost"
-    );
     Ok(())
 }

@@ -24,6 +24,7 @@ use crate::config::EngineConfig;
 use crate::error::QueueError;
 use crate::hooks::{Transition, TransitionHook, begin_ordered_scan, run_hooks, wakes_after_commit};
 use crate::insert::INSERT_CHANNEL;
+use crate::job::JobId;
 use crate::leader::{LeaderElector, LeaderHandle, duration_millis};
 use crate::notifier::Notifier;
 use crate::runtime::DbHealth;
@@ -257,63 +258,130 @@ pub async fn promote_due(pool: &PgPool) -> Result<u64, QueueError> {
     }
 }
 
-/// Rescues running jobs whose worker has not heartbeated for `stale_after`; returns the
-/// transitions made.
+/// The running jobs [`rescue_dead_workers`] looks at: those whose worker has not heartbeated
+/// for `$1` ms.
+macro_rules! dead_worker_condition {
+    () => {
+        "j.state = 'running' AND cardinality(j.attempted_by) > 0 AND NOT EXISTS ( \
+             SELECT 1 FROM fairlane_worker w \
+             WHERE w.id = j.attempted_by[cardinality(j.attempted_by)] \
+               AND w.heartbeat_at > now() - $1 * interval '1 millisecond')"
+    };
+}
+
+/// Rescues the dead workers' jobs among `$2` (all of them if NULL). The next state is decided in
+/// the locking read: it sees the row as locked (a cancel committed after this statement's
+/// snapshot included), where a second read of the table would see the snapshot's version and make
+/// a cancelled job runnable again.
+const RESCUE_SQL: &str = concat!(
+    "WITH decided AS ( \
+         SELECT j.id, CASE \
+             WHEN (j.metadata ->> 'cancel_attempted_at') IS NOT NULL THEN 'cancelled' \
+             WHEN j.attempt >= j.max_attempts THEN 'discarded' \
+             ELSE 'available' END::fairlane_job_state AS next \
+         FROM fairlane_job j \
+         WHERE ",
+    dead_worker_condition!(),
+    " AND ($2::bigint[] IS NULL OR j.id = ANY($2)) \
+         FOR UPDATE OF j SKIP LOCKED) \
+     UPDATE fairlane_job j SET \
+         state = d.next, \
+         finalized_at = CASE WHEN d.next = 'available' THEN NULL ELSE now() END, \
+         scheduled_at = CASE WHEN d.next = 'available' THEN now() ELSE j.scheduled_at END, \
+         errors = j.errors || jsonb_build_array(jsonb_build_object( \
+             'attempt', j.attempt, 'at', now(), 'kind', 'rescued', \
+             'error', 'worker ' || coalesce(j.attempted_by[cardinality(j.attempted_by)], '?') \
+                      || ' stopped heartbeating; job rescued')) \
+     FROM decided d WHERE j.id = d.id \
+     RETURNING j.id, j.queue, j.kind, j.user_id, j.state"
+);
+
+const DELETE_DEAD_WORKERS_SQL: &str =
+    "DELETE FROM fairlane_worker WHERE heartbeat_at < now() - $1 * interval '1 millisecond'";
+
+/// Rescues running jobs whose worker has not heartbeated for `stale_after`, and forgets such
+/// workers; returns the transitions made.
+///
+/// All of it goes in one transaction. If the database refuses it for a reason other than a lost
+/// connection or conflict (a hook that fails on one job), each job is rescued in a transaction
+/// of its own, so one job the hooks refuse does not hold every dead worker's jobs back; it stays
+/// `running` and is tried again at the next rescue.
 pub async fn rescue_dead_workers(
     pool: &PgPool,
     hooks: &[Arc<dyn TransitionHook>],
     waker: &Arc<Waker>,
     stale_after: Duration,
 ) -> Result<Vec<Transition>, QueueError> {
-    let mut tx = pool.begin().await?;
-    // The next state is decided in the locking read: it sees the row as locked (a cancel
-    // committed after this statement's snapshot included), where a second read of the table
-    // would see the snapshot's version and make a cancelled job runnable again.
-    let rescued: Vec<Transition> = sqlx::query_as(
-        "WITH decided AS ( \
-             SELECT j.id, CASE \
-                 WHEN (j.metadata ->> 'cancel_attempted_at') IS NOT NULL THEN 'cancelled' \
-                 WHEN j.attempt >= j.max_attempts THEN 'discarded' \
-                 ELSE 'available' END::fairlane_job_state AS next \
-             FROM fairlane_job j \
-             WHERE j.state = 'running' AND cardinality(j.attempted_by) > 0 AND NOT EXISTS ( \
-                 SELECT 1 FROM fairlane_worker w \
-                 WHERE w.id = j.attempted_by[cardinality(j.attempted_by)] \
-                   AND w.heartbeat_at > now() - $1 * interval '1 millisecond') \
-             FOR UPDATE OF j SKIP LOCKED) \
-         UPDATE fairlane_job j SET \
-             state = d.next, \
-             finalized_at = CASE WHEN d.next = 'available' THEN NULL ELSE now() END, \
-             scheduled_at = CASE WHEN d.next = 'available' THEN now() ELSE j.scheduled_at END, \
-             errors = j.errors || jsonb_build_array(jsonb_build_object( \
-                 'attempt', j.attempt, 'at', now(), 'kind', 'rescued', \
-                 'error', 'worker ' || coalesce(j.attempted_by[cardinality(j.attempted_by)], '?') \
-                          || ' stopped heartbeating; job rescued')) \
-         FROM decided d WHERE j.id = d.id \
-         RETURNING j.id, j.queue, j.kind, j.user_id, j.state",
-    )
-    .bind(duration_millis(stale_after))
-    .fetch_all(&mut *tx)
-    .await?;
-    run_hooks(hooks, &mut tx, &rescued).await?;
-    let dead = sqlx::query(
-        "DELETE FROM fairlane_worker WHERE heartbeat_at < now() - $1 * interval '1 millisecond'",
-    )
-    .bind(duration_millis(stale_after))
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
+    let stale_after = duration_millis(stale_after);
+    let (rescued, dead) = match rescue_among(pool, hooks, stale_after, None).await {
+        Ok(done) => done,
+        Err(e) if e.is_transient() => return Err(e),
+        Err(e) => {
+            tracing::warn!(error = %e, "rescuing dead workers' jobs together was refused; rescuing them one by one");
+            let candidates: Vec<JobId> = sqlx::query_scalar(concat!(
+                "SELECT j.id FROM fairlane_job j WHERE ",
+                dead_worker_condition!()
+            ))
+            .bind(stale_after)
+            .fetch_all(pool)
+            .await?;
+            let mut rescued = Vec::new();
+            for id in candidates {
+                match rescue_among(pool, hooks, stale_after, Some(&[id])).await {
+                    Ok((moved, _)) => rescued.extend(moved),
+                    Err(e) if e.is_transient() => return Err(e),
+                    Err(e) => tracing::error!(job_id = id, error = %e,
+                        "the database refuses to rescue this job; it stays running and is tried again at the next rescue"),
+                }
+            }
+            let dead = sqlx::query(DELETE_DEAD_WORKERS_SQL)
+                .bind(stale_after)
+                .execute(pool)
+                .await?
+                .rows_affected();
+            (rescued, dead)
+        }
+    };
     let mut wake = wakes_after_commit(hooks, &rescued);
     wake.extend(rescued.iter().map(|t| t.queue.clone()));
     waker.wake(wake.iter().map(String::as_str));
-    if !rescued.is_empty() || dead.rows_affected() > 0 {
+    if !rescued.is_empty() || dead > 0 {
         tracing::warn!(
             jobs = rescued.len(),
-            workers = dead.rows_affected(),
+            workers = dead,
             "rescued jobs of workers that stopped heartbeating"
         );
     }
     Ok(rescued)
+}
+
+/// One transaction of [`rescue_dead_workers`]: rescues the dead workers' jobs among `only` (all
+/// if `None`) and runs their hooks; when rescuing all, also deletes the dead workers. Returns the
+/// transitions and how many workers were deleted.
+async fn rescue_among(
+    pool: &PgPool,
+    hooks: &[Arc<dyn TransitionHook>],
+    stale_after_ms: f64,
+    only: Option<&[JobId]>,
+) -> Result<(Vec<Transition>, u64), QueueError> {
+    let mut tx = pool.begin().await?;
+    let rescued: Vec<Transition> = sqlx::query_as(RESCUE_SQL)
+        .bind(stale_after_ms)
+        .bind(only)
+        .fetch_all(&mut *tx)
+        .await?;
+    run_hooks(hooks, &mut tx, &rescued).await?;
+    let dead = if only.is_none() {
+        sqlx::query(DELETE_DEAD_WORKERS_SQL)
+            .bind(stale_after_ms)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+    } else {
+        0
+    };
+    tx.commit().await?;
+    Ok((rescued, dead))
 }
 
 /// Deletes final jobs older than their retention; returns how many.

@@ -19,9 +19,14 @@ use crate::middleware::Middleware;
 /// Jobs fetched by this process and not yet persisted as finished: running, or finished and
 /// waiting in the completer. The heartbeat hands back `running` rows of this worker that are not
 /// in here (their fetch result never arrived).
+///
+/// Runs whose end the database refused (even as a failure) are kept apart as *unsaved*: they
+/// ran, so the heartbeat hands them back without giving their attempt back, and a job whose
+/// every end is refused uses up its attempts instead of running for ever.
 #[derive(Debug, Default)]
 pub(crate) struct Inflight {
     jobs: Mutex<HashMap<JobId, (RunStart, Arc<JobControl>)>>,
+    unsaved: Mutex<HashMap<JobId, RunStart>>,
 }
 
 /// When an attempt was fetched (`attempted_at`): with the job id, what tells one run of a job
@@ -52,8 +57,45 @@ impl Inflight {
         }
     }
 
+    /// The jobs this process holds: running, waiting in the completer, or unsaved.
     pub(crate) fn ids(&self) -> Vec<JobId> {
-        self.lock().keys().copied().collect()
+        let mut ids: Vec<JobId> = self.lock().keys().copied().collect();
+        ids.extend(self.lock_unsaved().keys().copied());
+        ids
+    }
+
+    fn lock_unsaved(&self) -> std::sync::MutexGuard<'_, HashMap<JobId, RunStart>> {
+        self.unsaved
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Moves a run whose end the database refused from the held jobs to the unsaved ones, for the
+    /// heartbeat to hand back as a used attempt. A later run of the job held here stays held.
+    pub(crate) fn mark_unsaved(&self, (id, started): (JobId, RunStart)) {
+        let mut jobs = self.lock();
+        if jobs.get(&id).is_some_and(|(held, _)| *held == started) {
+            jobs.remove(&id);
+            self.lock_unsaved().insert(id, started);
+        }
+    }
+
+    /// The runs whose end the database refused, not yet handed back.
+    pub(crate) fn unsaved(&self) -> Vec<(JobId, RunStart)> {
+        self.lock_unsaved()
+            .iter()
+            .map(|(id, started)| (*id, *started))
+            .collect()
+    }
+
+    /// Forgets unsaved runs once handed back (or found no longer running as that run).
+    pub(crate) fn forget_unsaved(&self, runs: impl IntoIterator<Item = (JobId, RunStart)>) {
+        let mut unsaved = self.lock_unsaved();
+        for (id, started) in runs {
+            if unsaved.get(&id) == Some(&started) {
+                unsaved.remove(&id);
+            }
+        }
     }
 
     pub(crate) fn len(&self) -> usize {

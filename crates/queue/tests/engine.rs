@@ -1073,3 +1073,177 @@ async fn another_process_is_woken_through_notify_after_commit() {
     }
     engine.stop().await;
 }
+
+/// A hook that refuses every end of one kind's attempts (its completion, and the failure the
+/// completer records instead) leaves those runs unsaved. The heartbeat hands them back with
+/// their attempt used, so the job runs once per attempt and is discarded at the last, whose
+/// failure the hook accepts, instead of being handed back with its attempt given back and run
+/// for ever.
+#[tokio::test]
+async fn a_job_whose_every_end_a_hook_refuses_runs_out_of_attempts_instead_of_running_forever() {
+    let db = TestDb::new().await;
+    let hook = RefusingHook(|t: &queue::Transition| {
+        t.kind == "tag" && matches!(t.state, JobState::Completed | JobState::Retryable)
+    });
+    let client = Client::new(db.pool.clone()).with_hooks(vec![Arc::new(hook)]);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut workers = Workers::new();
+    {
+        let runs = runs.clone();
+        workers.register_fn::<Tag, _, _>(move |_, _| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            async { Ok(()) }
+        });
+    }
+    workers.register_fn::<Noop, _, _>(|_, _| async { Ok(()) });
+    let job = client
+        .insert(NewJob::new(q("q"), &Tag { n: 1 }).unwrap().max_attempts(3))
+        .await
+        .unwrap()
+        .job;
+    let noops: Vec<_> = (0..10)
+        .map(|_| NewJob::new(q("q"), &Noop {}).unwrap())
+        .collect();
+    client.insert_many(noops).await.unwrap();
+    let engine = start(&client, fast_config(), &[("q", 4)], workers);
+    let discarded = eventually(Duration::from_secs(30), "the job discarded", || async {
+        let j = client.job(job.id).await.unwrap().unwrap();
+        (j.state == JobState::Discarded).then_some(j)
+    })
+    .await;
+    eventually(
+        Duration::from_secs(10),
+        "the other jobs completed",
+        || async { (count_in_state(&db.pool, "completed").await == 10).then_some(()) },
+    )
+    .await;
+    engine.stop().await;
+    assert_eq!(runs.load(Ordering::SeqCst), 3, "one run per attempt");
+    let errors = discarded.attempt_errors();
+    assert_eq!(
+        errors.iter().map(|e| e.attempt).collect::<Vec<_>>(),
+        [1, 2, 3],
+        "{errors:?}"
+    );
+    for e in &errors[..2] {
+        assert_eq!(e.kind, FailureKind::Error);
+        assert!(
+            e.error.contains("could not save the end of this attempt"),
+            "{}",
+            e.error
+        );
+    }
+    assert!(
+        errors[2]
+            .error
+            .starts_with("the end of this attempt (completed) could not be saved: "),
+        "{}",
+        errors[2].error
+    );
+}
+
+/// A rescue whose hooks fail on one dead worker's job still rescues every other one, one by one;
+/// the refused job stays `running` and is rescued at a later pass once the hook takes it.
+#[tokio::test]
+async fn a_job_the_hooks_refuse_to_rescue_does_not_hold_back_the_others() {
+    let db = TestDb::new().await;
+    let refusing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let poisoned = Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let hook = {
+        let (refusing, poisoned) = (refusing.clone(), poisoned.clone());
+        RefusingHook(move |t: &queue::Transition| {
+            refusing.load(Ordering::SeqCst) && t.job_id == poisoned.load(Ordering::SeqCst)
+        })
+    };
+    let hooks: Vec<Arc<dyn queue::TransitionHook>> = vec![Arc::new(hook)];
+    let client = Client::new(db.pool.clone());
+    let ids: Vec<i64> = client
+        .insert_many(
+            (0..3)
+                .map(|_| NewJob::new(q("q"), &Noop {}).unwrap())
+                .collect(),
+        )
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.job.id)
+        .collect();
+    poisoned.store(ids[1], Ordering::SeqCst);
+    mark_running(&db.pool, &ids, "dead-worker", 0).await;
+    let waker = queue::wake::Waker::new(db.pool.clone());
+    let stale = Duration::from_millis(100);
+
+    let rescued = queue::maintenance::rescue_dead_workers(&db.pool, &hooks, &waker, stale)
+        .await
+        .expect("a refused job does not fail the rescue");
+    let mut rescued_ids: Vec<i64> = rescued.iter().map(|t| t.job_id).collect();
+    rescued_ids.sort_unstable();
+    assert_eq!(rescued_ids, [ids[0], ids[2]]);
+    assert_eq!(state_of(&db.pool, ids[0]).await, "available");
+    assert_eq!(state_of(&db.pool, ids[1]).await, "running");
+    assert_eq!(state_of(&db.pool, ids[2]).await, "available");
+
+    refusing.store(false, Ordering::SeqCst);
+    let rescued = queue::maintenance::rescue_dead_workers(&db.pool, &hooks, &waker, stale)
+        .await
+        .unwrap();
+    assert_eq!(
+        rescued.iter().map(|t| t.job_id).collect::<Vec<_>>(),
+        [ids[1]]
+    );
+    assert_eq!(state_of(&db.pool, ids[1]).await, "available");
+}
+
+/// The heartbeat's hand-back of jobs this worker was given but never received goes on for the
+/// others when the hooks refuse one; that one is handed back at a later heartbeat once the hook
+/// takes it.
+#[tokio::test]
+async fn an_orphan_the_hooks_refuse_to_hand_back_does_not_hold_back_the_others() {
+    let db = TestDb::new().await;
+    let refusing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let poisoned = Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let hook = {
+        let (refusing, poisoned) = (refusing.clone(), poisoned.clone());
+        RefusingHook(move |t: &queue::Transition| {
+            refusing.load(Ordering::SeqCst) && t.job_id == poisoned.load(Ordering::SeqCst)
+        })
+    };
+    let client = Client::new(db.pool.clone()).with_hooks(vec![Arc::new(hook)]);
+    // In a queue this engine does not work, so that jobs handed back stay `available`.
+    let ids: Vec<i64> = client
+        .insert_many(
+            (0..3)
+                .map(|_| NewJob::new(q("elsewhere"), &Noop {}).unwrap())
+                .collect(),
+        )
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.job.id)
+        .collect();
+    poisoned.store(ids[1], Ordering::SeqCst);
+    let engine = start(&client, fast_config(), &[("q", 1)], Workers::new());
+    mark_running(&db.pool, &ids, &engine.worker_id, 1_000).await;
+
+    eventually(
+        Duration::from_secs(15),
+        "the others handed back",
+        || async {
+            let first = state_of(&db.pool, ids[0]).await;
+            let last = state_of(&db.pool, ids[2]).await;
+            (first == "available" && last == "available").then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(fast_config().heartbeat_interval * 3).await;
+    assert_eq!(state_of(&db.pool, ids[1]).await, "running");
+
+    refusing.store(false, Ordering::SeqCst);
+    eventually(
+        Duration::from_secs(15),
+        "the refused one handed back later",
+        || async { (state_of(&db.pool, ids[1]).await == "available").then_some(()) },
+    )
+    .await;
+    engine.stop().await;
+}

@@ -145,3 +145,47 @@ job_args!(SnoozeUntil, "snooze_until" { times: i64 });
 job_args!(Unregistered, "unregistered" {});
 job_args!(Tag, "tag" { n: u64 });
 job_args!(Unstorable, "unstorable" {});
+
+/// A transition hook that fails on the transitions `refuses` picks, as a hook with a bug or a
+/// constraint on one job would, and accepts every other one.
+pub struct RefusingHook<F>(pub F);
+
+#[async_trait::async_trait]
+impl<F> queue::TransitionHook for RefusingHook<F>
+where
+    F: Fn(&queue::Transition) -> bool + Send + Sync + 'static,
+{
+    async fn on_transitions(
+        &self,
+        _conn: &mut sqlx::PgConnection,
+        transitions: &[queue::Transition],
+    ) -> Result<(), queue::BoxError> {
+        match transitions.iter().find(|t| (self.0)(t)) {
+            Some(t) => Err(format!("hook refuses job {} becoming {:?}", t.job_id, t.state).into()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Puts `ids` in `running` as attempt 1 of `worker`, fetched `ago_ms` milliseconds ago.
+pub async fn mark_running(pool: &sqlx::PgPool, ids: &[i64], worker: &str, ago_ms: i64) {
+    sqlx::query(
+        "UPDATE fairlane_job SET state = 'running', attempt = 1, \
+         attempted_at = now() - $3 * interval '1 millisecond', attempted_by = ARRAY[$2] \
+         WHERE id = ANY($1)",
+    )
+    .bind(ids)
+    .bind(worker)
+    .bind(ago_ms)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+pub async fn state_of(pool: &sqlx::PgPool, id: i64) -> String {
+    sqlx::query_scalar("SELECT state::text FROM fairlane_job WHERE id = $1")
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
