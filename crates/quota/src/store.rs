@@ -412,8 +412,10 @@ impl Quota {
         grant.reserve(conn, None).await
     }
 
-    /// The user's usage of every event type in the period containing `now`, read in one
-    /// statement (one snapshot).
+    /// The user's usage of every event type in the current billing period, read in one
+    /// statement (one snapshot). `now` guesses the period; as for a check, the database's clock
+    /// decides it ([`Quota::settle_period`]), so a web host whose clock is off, or a read at a
+    /// period's end, shows the period that billing counts in.
     pub async fn usage(
         &self,
         conn: &mut PgConnection,
@@ -422,6 +424,7 @@ impl Quota {
     ) -> Result<UserUsage, QuotaError> {
         let plan = self.plan(Service::ALL.iter().map(|s| (user_id, *s)), now);
         let rows = read_standings(conn, &plan).await?;
+        let (plan, rows) = self.settle_period(conn, plan, rows).await?;
         let tier = rows
             .first()
             .and_then(|row| row.tier.as_deref())

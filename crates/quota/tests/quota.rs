@@ -272,7 +272,7 @@ async fn split_check<'c>(
 /// clock ahead must not skip to the next period's. The split check's `decide` refuses standings
 /// read outside its plan's period instead of deciding on them.
 #[tokio::test]
-async fn the_check_counts_the_databases_billing_period_whatever_the_callers_clock() {
+async fn the_check_and_the_usage_count_the_databases_billing_period_whatever_the_callers_clock() {
     let db = TestDb::new().await;
     let quota = quota();
     let (free, other) = (user(&db.pool, "free").await, user(&db.pool, "free").await);
@@ -302,6 +302,18 @@ async fn the_check_counts_the_databases_billing_period_whatever_the_callers_cloc
             .await
             .unwrap();
         assert_eq!(grant.period, period);
+        // The usage shown is that period's too.
+        let usage = quota.usage(&mut tx, user, clock).await.unwrap();
+        let specview = usage
+            .events
+            .iter()
+            .find(|e| e.event_type == Service::Specview)
+            .unwrap();
+        assert_eq!(
+            (specview.used, specview.period_start, specview.period_end),
+            (5, period.start, period.end),
+            "usage at {clock}"
+        );
         tx.rollback().await.unwrap();
     }
 
