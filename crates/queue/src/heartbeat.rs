@@ -13,6 +13,7 @@ use crate::error::QueueError;
 use crate::hooks::{Transition, run_hooks, wakes_after_commit};
 use crate::job::JobId;
 use crate::leader::duration_millis;
+use crate::maintenance::{decide_used_attempt, end_used_attempt};
 use crate::runtime::Runtime;
 
 pub(crate) async fn register(
@@ -109,26 +110,20 @@ const HAND_BACK_ORPHANS_SQL: &str = concat!(
 
 /// Hands back one run of this worker whose end the database refused (`$2`, fetched at `$3`), as
 /// an attempt used: `cancelled` if a cancel was requested, `discarded` if it was the last
-/// attempt, `available` otherwise. The next state is decided in the locking read, as the
-/// rescue's is.
-const HAND_BACK_UNSAVED_SQL: &str = "WITH decided AS ( \
-         SELECT j.id, CASE \
-             WHEN (j.metadata ->> 'cancel_attempted_at') IS NOT NULL THEN 'cancelled' \
-             WHEN j.attempt >= j.max_attempts THEN 'discarded' \
-             ELSE 'available' END::fairlane_job_state AS next \
-         FROM fairlane_job j \
-         WHERE j.id = $2 AND j.attempted_at IS NOT DISTINCT FROM $3 AND j.state = 'running' \
-           AND cardinality(j.attempted_by) > 0 AND j.attempted_by[cardinality(j.attempted_by)] = $1 \
-         FOR UPDATE OF j) \
-     UPDATE fairlane_job j SET \
-         state = d.next, \
-         finalized_at = CASE WHEN d.next = 'available' THEN NULL ELSE now() END, \
-         scheduled_at = CASE WHEN d.next = 'available' THEN now() ELSE j.scheduled_at END, \
-         errors = j.errors || jsonb_build_array(jsonb_build_object( \
-             'attempt', j.attempt, 'at', now(), 'kind', 'error', \
-             'error', 'worker ' || $1 || ' could not save the end of this attempt; handed back with the attempt used')) \
+/// attempt, `available` otherwise ([`decide_used_attempt!`]), as the rescue does.
+const HAND_BACK_UNSAVED_SQL: &str = concat!(
+    decide_used_attempt!(),
+    "j.id = $2 AND j.attempted_at IS NOT DISTINCT FROM $3 AND j.state = 'running' \
+       AND cardinality(j.attempted_by) > 0 AND j.attempted_by[cardinality(j.attempted_by)] = $1 \
+     FOR UPDATE OF j) \
+     UPDATE fairlane_job j SET ",
+    end_used_attempt!(),
+    ", errors = j.errors || jsonb_build_array(jsonb_build_object( \
+         'attempt', j.attempt, 'at', now(), 'kind', 'error', \
+         'error', 'worker ' || $1 || ' could not save the end of this attempt; handed back with the attempt used')) \
      FROM decided d WHERE j.id = d.id \
-     RETURNING j.id, j.queue, j.kind, j.user_id, j.state";
+     RETURNING j.id, j.queue, j.kind, j.user_id, j.state"
+);
 
 /// Hands back this process's `running` jobs that it never received, or cancels those whose
 /// cancel was requested meanwhile (no handler has started them, so the cancel holds).

@@ -269,26 +269,46 @@ macro_rules! dead_worker_condition {
     };
 }
 
-/// Rescues the dead workers' jobs among `$2` (all of them if NULL). The next state is decided in
-/// the locking read: it sees the row as locked (a cancel committed after this statement's
-/// snapshot included), where a second read of the table would see the snapshot's version and make
-/// a cancelled job runnable again.
+/// The opening of a statement that ends runs with their attempt used, deciding each job's next
+/// state in its locking read: `cancelled` if a cancel was requested, `discarded` after the last
+/// attempt, `available` otherwise. The statement goes on with the rows' condition, then
+/// `FOR UPDATE OF j …) UPDATE fairlane_job j SET` [`end_used_attempt!`]`, errors = …`.
+///
+/// The locking read sees the row as locked (a cancel committed after the statement's snapshot
+/// included), where a second read of the table would see the snapshot's version and make a
+/// cancelled job runnable again.
+macro_rules! decide_used_attempt {
+    () => {
+        "WITH decided AS ( \
+             SELECT j.id, CASE \
+                 WHEN (j.metadata ->> 'cancel_attempted_at') IS NOT NULL THEN 'cancelled' \
+                 WHEN j.attempt >= j.max_attempts THEN 'discarded' \
+                 ELSE 'available' END::fairlane_job_state AS next \
+             FROM fairlane_job j \
+             WHERE "
+    };
+}
+pub(crate) use decide_used_attempt;
+
+/// The state, end and schedule that [`decide_used_attempt!`] decided, for the `SET` clause.
+macro_rules! end_used_attempt {
+    () => {
+        "state = d.next, \
+         finalized_at = CASE WHEN d.next = 'available' THEN NULL ELSE now() END, \
+         scheduled_at = CASE WHEN d.next = 'available' THEN now() ELSE j.scheduled_at END"
+    };
+}
+pub(crate) use end_used_attempt;
+
+/// Rescues the dead workers' jobs among `$2` (all of them if NULL).
 const RESCUE_SQL: &str = concat!(
-    "WITH decided AS ( \
-         SELECT j.id, CASE \
-             WHEN (j.metadata ->> 'cancel_attempted_at') IS NOT NULL THEN 'cancelled' \
-             WHEN j.attempt >= j.max_attempts THEN 'discarded' \
-             ELSE 'available' END::fairlane_job_state AS next \
-         FROM fairlane_job j \
-         WHERE ",
+    decide_used_attempt!(),
     dead_worker_condition!(),
     " AND ($2::bigint[] IS NULL OR j.id = ANY($2)) \
          FOR UPDATE OF j SKIP LOCKED) \
-     UPDATE fairlane_job j SET \
-         state = d.next, \
-         finalized_at = CASE WHEN d.next = 'available' THEN NULL ELSE now() END, \
-         scheduled_at = CASE WHEN d.next = 'available' THEN now() ELSE j.scheduled_at END, \
-         errors = j.errors || jsonb_build_array(jsonb_build_object( \
+     UPDATE fairlane_job j SET ",
+    end_used_attempt!(),
+    ", errors = j.errors || jsonb_build_array(jsonb_build_object( \
              'attempt', j.attempt, 'at', now(), 'kind', 'rescued', \
              'error', 'worker ' || coalesce(j.attempted_by[cardinality(j.attempted_by)], '?') \
                       || ' stopped heartbeating; job rescued')) \

@@ -1147,28 +1147,10 @@ async fn a_job_whose_every_end_a_hook_refuses_runs_out_of_attempts_instead_of_ru
 #[tokio::test]
 async fn a_job_the_hooks_refuse_to_rescue_does_not_hold_back_the_others() {
     let db = TestDb::new().await;
-    let refusing = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let poisoned = Arc::new(std::sync::atomic::AtomicI64::new(0));
-    let hook = {
-        let (refusing, poisoned) = (refusing.clone(), poisoned.clone());
-        RefusingHook(move |t: &queue::Transition| {
-            refusing.load(Ordering::SeqCst) && t.job_id == poisoned.load(Ordering::SeqCst)
-        })
-    };
-    let hooks: Vec<Arc<dyn queue::TransitionHook>> = vec![Arc::new(hook)];
-    let client = Client::new(db.pool.clone());
-    let ids: Vec<i64> = client
-        .insert_many(
-            (0..3)
-                .map(|_| NewJob::new(q("q"), &Noop {}).unwrap())
-                .collect(),
-        )
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| r.job.id)
-        .collect();
-    poisoned.store(ids[1], Ordering::SeqCst);
+    let poison = Arc::new(PoisonedJob::default());
+    let hooks: Vec<Arc<dyn queue::TransitionHook>> = vec![poison.clone()];
+    let ids = insert_noops(&Client::new(db.pool.clone()), "q", 3).await;
+    poison.poison(ids[1]);
     mark_running(&db.pool, &ids, "dead-worker", 0).await;
     let waker = queue::wake::Waker::new(db.pool.clone());
     let stale = Duration::from_millis(100);
@@ -1183,7 +1165,7 @@ async fn a_job_the_hooks_refuse_to_rescue_does_not_hold_back_the_others() {
     assert_eq!(state_of(&db.pool, ids[1]).await, "running");
     assert_eq!(state_of(&db.pool, ids[2]).await, "available");
 
-    refusing.store(false, Ordering::SeqCst);
+    poison.cure();
     let rescued = queue::maintenance::rescue_dead_workers(&db.pool, &hooks, &waker, stale)
         .await
         .unwrap();
@@ -1200,28 +1182,11 @@ async fn a_job_the_hooks_refuse_to_rescue_does_not_hold_back_the_others() {
 #[tokio::test]
 async fn an_orphan_the_hooks_refuse_to_hand_back_does_not_hold_back_the_others() {
     let db = TestDb::new().await;
-    let refusing = Arc::new(std::sync::atomic::AtomicBool::new(true));
-    let poisoned = Arc::new(std::sync::atomic::AtomicI64::new(0));
-    let hook = {
-        let (refusing, poisoned) = (refusing.clone(), poisoned.clone());
-        RefusingHook(move |t: &queue::Transition| {
-            refusing.load(Ordering::SeqCst) && t.job_id == poisoned.load(Ordering::SeqCst)
-        })
-    };
-    let client = Client::new(db.pool.clone()).with_hooks(vec![Arc::new(hook)]);
+    let poison = Arc::new(PoisonedJob::default());
+    let client = Client::new(db.pool.clone()).with_hooks(vec![poison.clone()]);
     // In a queue this engine does not work, so that jobs handed back stay `available`.
-    let ids: Vec<i64> = client
-        .insert_many(
-            (0..3)
-                .map(|_| NewJob::new(q("elsewhere"), &Noop {}).unwrap())
-                .collect(),
-        )
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| r.job.id)
-        .collect();
-    poisoned.store(ids[1], Ordering::SeqCst);
+    let ids = insert_noops(&client, "elsewhere", 3).await;
+    poison.poison(ids[1]);
     let engine = start(&client, fast_config(), &[("q", 1)], Workers::new());
     mark_running(&db.pool, &ids, &engine.worker_id, 1_000).await;
 
@@ -1238,7 +1203,7 @@ async fn an_orphan_the_hooks_refuse_to_hand_back_does_not_hold_back_the_others()
     tokio::time::sleep(fast_config().heartbeat_interval * 3).await;
     assert_eq!(state_of(&db.pool, ids[1]).await, "running");
 
-    refusing.store(false, Ordering::SeqCst);
+    poison.cure();
     eventually(
         Duration::from_secs(15),
         "the refused one handed back later",

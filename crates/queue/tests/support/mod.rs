@@ -189,3 +189,47 @@ pub async fn state_of(pool: &sqlx::PgPool, id: i64) -> String {
         .await
         .unwrap()
 }
+
+/// A transition hook that refuses every transition of one job (none until [`poison`]) until it
+/// is [`cure`]d.
+///
+/// [`poison`]: PoisonedJob::poison
+/// [`cure`]: PoisonedJob::cure
+#[derive(Default)]
+pub struct PoisonedJob(std::sync::atomic::AtomicI64);
+
+impl PoisonedJob {
+    pub fn poison(&self, id: i64) {
+        self.0.store(id, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn cure(&self) {
+        self.0.store(0, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[async_trait::async_trait]
+impl queue::TransitionHook for PoisonedJob {
+    async fn on_transitions(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        transitions: &[queue::Transition],
+    ) -> Result<(), queue::BoxError> {
+        let poisoned = self.0.load(std::sync::atomic::Ordering::SeqCst);
+        RefusingHook(move |t: &queue::Transition| t.job_id == poisoned)
+            .on_transitions(conn, transitions)
+            .await
+    }
+}
+
+/// Inserts `n` no-op jobs into `queue`; returns their ids.
+pub async fn insert_noops(client: &Client, queue: &str, n: usize) -> Vec<i64> {
+    let jobs = (0..n).map(|_| queue::NewJob::new(q(queue), &Noop {}).unwrap());
+    client
+        .insert_many(jobs.collect())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.job.id)
+        .collect()
+}
