@@ -686,7 +686,6 @@ impl Inner {
             }
             Err(_) => {
                 bump(&self.stats.backend_timeouts);
-                self.backend.reset_connection();
                 tracing::debug!(deadline = ?self.config.deadline, "rate limit backend missed the deadline");
                 BackendFailure::Timeout
             }

@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{PrivateRedis, unique_prefix};
+use common::{PrivateRedis, redis_url, unique_prefix};
 use ratelimit::{
     DecisionKind, DecisionSource, DescriptorKey, FailureMode, Limiter, LimiterConfig,
     RateLimitOutcome, RateLimitRequest, RedisBackend, RedisConfig, RuleSet,
@@ -27,10 +27,13 @@ descriptors:
 "#;
 
 fn limiter(redis: &PrivateRedis, mode: FailureMode) -> Limiter {
-    let backend = RedisBackend::new(
-        &RedisConfig::new(redis.url()).with_key_prefix(unique_prefix("failover")),
-    )
-    .expect("config");
+    limiter_at(redis.url(), mode)
+}
+
+fn limiter_at(url: String, mode: FailureMode) -> Limiter {
+    let backend =
+        RedisBackend::new(&RedisConfig::new(url).with_key_prefix(unique_prefix("failover")))
+            .expect("config");
     let config = LimiterConfig {
         deadline: DEADLINE,
         on_backend_failure: mode,
@@ -195,4 +198,49 @@ async fn a_hung_redis_costs_at_most_the_deadline() {
     assert!(cont.success());
     wait_for_recovery(&limiter).await;
     assert_limited_by_redis(&limiter, "after").await;
+}
+
+/// A TCP proxy in front of the shared Redis that waits `delay` before connecting each client
+/// through, as Redis across zones, behind TLS or slow DNS does; returns its URL.
+async fn slow_to_connect_proxy(delay: Duration) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    let url = redis_url();
+    let upstream = url
+        .trim_start_matches("redis://")
+        .split('/')
+        .next()
+        .expect("host:port")
+        .to_owned();
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            let upstream = upstream.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                if let Ok(mut outbound) = tokio::net::TcpStream::connect(&upstream).await {
+                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                }
+            });
+        }
+    });
+    format!("redis://{address}")
+}
+
+/// Opening a connection takes longer than a decision's deadline: the decisions that wait for
+/// it fall back, but the opening goes on without them, and limiting by Redis starts once it is
+/// open, and stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_slower_to_connect_than_the_deadline_is_still_reached() {
+    let proxy = slow_to_connect_proxy(DEADLINE * 3).await;
+    let limiter = limiter_at(proxy, FailureMode::FallbackToMemory);
+    let first = timed_check(&limiter, "first").await;
+    assert_eq!(
+        first.limits[0].source,
+        DecisionSource::Fallback,
+        "the connection cannot be open yet"
+    );
+    wait_for_recovery(&limiter).await;
+    assert_limited_by_redis(&limiter, "connected").await;
 }

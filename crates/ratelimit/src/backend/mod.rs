@@ -25,6 +25,8 @@ pub struct BackendDecision {
 pub enum BackendError {
     #[error("redis: {0}")]
     Redis(#[from] ::redis::RedisError),
+    #[error("could not connect to redis: {0}")]
+    Connect(String),
     #[error("redis script returned an unexpected reply: {0}")]
     BadReply(String),
     #[error("invalid backend configuration: {0}")]
@@ -43,10 +45,6 @@ pub trait Backend: Send + Sync + 'static {
 
     /// A short name for logs and metrics (`memory`, `redis`).
     fn name(&self) -> &'static str;
-
-    /// Forget connection state after a failure the backend itself did not see (the caller gave
-    /// up at its deadline): a connection that hangs must not be reused for ever.
-    fn reset_connection(&self) {}
 
     /// Whether the backend lives in this process and never fails or blocks; the limiter then
     /// skips the deadline, circuit breaker and deny cache.

@@ -6,14 +6,20 @@
 //! hash tag, so any script touching several keys of one counter stays in one slot. Every
 //! script sets a TTL equal to the time until the state is fresh again, so idle keys vanish.
 //!
-//! One multiplexed connection is shared by all callers. When it breaks it is dropped, and the
-//! next call reconnects (the limiter's circuit breaker decides when that next call happens).
+//! One multiplexed connection is shared by all callers. It is opened by a task of its own, bounded
+//! by [`RedisConfig::connect_timeout`] and not by any caller's deadline: callers wait for it
+//! while they may, and one that gives up leaves it opening for the next. When a call on it fails,
+//! or is given up mid-reply (the limiter's deadline), that connection is dropped, and a later call
+//! opens another (the limiter's circuit breaker decides when that call happens). A failure drops
+//! only the connection it happened on, never a newer one.
 
-use std::sync::RwLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures_util::FutureExt;
+use futures_util::future::{BoxFuture, Shared};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, Script};
 
@@ -64,17 +70,56 @@ impl RedisConfig {
     }
 }
 
+/// A connection being opened, awaited by every caller that needs one meanwhile.
+type Opening = Shared<BoxFuture<'static, Result<(u64, MultiplexedConnection), String>>>;
+
+/// The shared connection and its generation, or the opening of the next one.
+#[derive(Default)]
+struct ConnectionSlot {
+    open: Option<(u64, MultiplexedConnection)>,
+    opening: Option<Opening>,
+    generation: u64,
+}
+
 /// Counters in Redis.
 pub struct RedisBackend {
     client: Client,
     connection_config: AsyncConnectionConfig,
     prefix: String,
-    connection: RwLock<Option<MultiplexedConnection>>,
-    connecting: tokio::sync::Mutex<()>,
+    slot: Arc<Mutex<ConnectionSlot>>,
     scripts: [Script; 5],
     /// Unique request ids for sliding-log members: random per instance, then a counter.
     instance_id: u64,
     sequence: AtomicU64,
+}
+
+fn lock(slot: &Mutex<ConnectionSlot>) -> std::sync::MutexGuard<'_, ConnectionSlot> {
+    slot.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Drops the connection of `generation` if the call using it ends without being disarmed: the
+/// caller gave up mid-reply, and a connection that hangs must not be reused for ever.
+struct DropUnlessFinished<'a> {
+    slot: &'a Mutex<ConnectionSlot>,
+    generation: u64,
+    finished: bool,
+}
+
+impl Drop for DropUnlessFinished<'_> {
+    fn drop(&mut self) {
+        if !self.finished {
+            drop_connection(self.slot, self.generation);
+        }
+    }
+}
+
+/// Forgets the connection of `generation`, if it is still the shared one.
+fn drop_connection(slot: &Mutex<ConnectionSlot>, generation: u64) {
+    let mut slot = lock(slot);
+    if slot.open.as_ref().is_some_and(|(g, _)| *g == generation) {
+        slot.open = None;
+    }
 }
 
 impl RedisBackend {
@@ -95,8 +140,7 @@ impl RedisBackend {
                 // The limiter bounds every call with its own deadline.
                 .set_response_timeout(None),
             prefix: config.key_prefix.clone(),
-            connection: RwLock::new(None),
-            connecting: tokio::sync::Mutex::new(()),
+            slot: Arc::default(),
             scripts: SCRIPTS.map(Script::new),
             instance_id: rand::random(),
             sequence: AtomicU64::new(0),
@@ -118,38 +162,48 @@ impl RedisBackend {
         key
     }
 
-    async fn connection(&self) -> Result<MultiplexedConnection, BackendError> {
-        if let Some(connection) = self.cached_connection() {
-            return Ok(connection);
-        }
-        let _single_flight = self.connecting.lock().await;
-        if let Some(connection) = self.cached_connection() {
-            return Ok(connection);
-        }
-        let connection = self
-            .client
-            .get_multiplexed_async_connection_with_config(&self.connection_config)
-            .await?;
-        *self
-            .connection
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(connection.clone());
-        tracing::info!("rate limiter connected to redis");
-        Ok(connection)
+    /// The shared connection and its generation, waiting for it to open if need be.
+    async fn connection(&self) -> Result<(u64, MultiplexedConnection), BackendError> {
+        let opening = {
+            let mut slot = lock(&self.slot);
+            if let Some(open) = &slot.open {
+                return Ok(open.clone());
+            }
+            slot.opening
+                .get_or_insert_with(|| self.open_in_background())
+                .clone()
+        };
+        opening.await.map_err(BackendError::Connect)
     }
 
-    fn cached_connection(&self) -> Option<MultiplexedConnection> {
-        self.connection
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-
-    fn drop_connection(&self) {
-        *self
-            .connection
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+    /// Opens a connection in a task of its own, which stores it as the shared one.
+    fn open_in_background(&self) -> Opening {
+        let client = self.client.clone();
+        let config = self.connection_config.clone();
+        let slot = Arc::clone(&self.slot);
+        let task = tokio::spawn(async move {
+            let opened = client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await;
+            let mut slot = lock(&slot);
+            slot.opening = None;
+            match opened {
+                Ok(connection) => {
+                    slot.generation += 1;
+                    let open = (slot.generation, connection);
+                    slot.open = Some(open.clone());
+                    tracing::info!("rate limiter connected to redis");
+                    Ok(open)
+                }
+                Err(e) => Err(e.to_string()),
+            }
+        });
+        async move {
+            task.await
+                .map_err(|e| format!("the connecting task ended: {e}"))?
+        }
+        .boxed()
+        .shared()
     }
 
     fn script(&self, algorithm: Algorithm) -> &Script {
@@ -168,7 +222,12 @@ impl Backend for RedisBackend {
         counter_key: &str,
         policy: &Policy,
     ) -> Result<BackendDecision, BackendError> {
-        let mut connection = self.connection().await?;
+        let (generation, mut connection) = self.connection().await?;
+        let mut in_flight = DropUnlessFinished {
+            slot: &self.slot,
+            generation,
+            finished: false,
+        };
         let key = self.redis_key(counter_key);
         // Only the sliding log stores members; the other scripts ignore ARGV[4].
         let request_id = if policy.algorithm == Algorithm::SlidingLog {
@@ -189,6 +248,7 @@ impl Backend for RedisBackend {
             .arg(request_id)
             .invoke_async(&mut connection)
             .await;
+        in_flight.finished = true;
         let reply = match reply {
             Ok(reply) => reply,
             Err(err) => {
@@ -197,7 +257,7 @@ impl Backend for RedisBackend {
                     || err.is_unrecoverable_error()
                     || err.is_timeout()
                 {
-                    self.drop_connection();
+                    drop_connection(&self.slot, generation);
                 }
                 return Err(err.into());
             }
@@ -219,9 +279,5 @@ impl Backend for RedisBackend {
 
     fn name(&self) -> &'static str {
         "redis"
-    }
-
-    fn reset_connection(&self) {
-        self.drop_connection();
     }
 }
