@@ -52,18 +52,24 @@ impl Periodic {
     pub async fn run(self, leader: LeaderHandle, shutdown: CancellationToken) {
         let name = self.task.name();
         let mut changes = leader.clone();
+        // How far the database's clock is ahead of this replica's, as last seen: the sleep to
+        // the next tick is timed by the database's clock too.
+        let mut clock_offset = chrono::TimeDelta::zero();
         loop {
             let mut failed = false;
-            if leader.is_leader()
-                && let Err(e) = self.catch_up(&leader).await
-            {
-                tracing::warn!(task = name, error = %e, "scheduler tick failed; retrying");
-                self.metrics.tick(name, "failed");
-                failed = true;
+            if leader.is_leader() {
+                match self.catch_up(&leader).await {
+                    Ok(offset) => clock_offset = offset,
+                    Err(e) => {
+                        tracing::warn!(task = name, error = %e, "scheduler tick failed; retrying");
+                        self.metrics.tick(name, "failed");
+                        failed = true;
+                    }
+                }
             }
             let until_next = self
                 .schedule
-                .until_next(Utc::now())
+                .until_next(Utc::now() + clock_offset)
                 .unwrap_or(Duration::from_secs(3600));
             let wait = if failed {
                 until_next.min(RETRY_AFTER)
@@ -78,11 +84,16 @@ impl Periodic {
         }
     }
 
-    /// Runs the due ticks in order while this replica leads.
-    async fn catch_up(&self, leader: &LeaderHandle) -> Result<(), SchedulerError> {
+    /// Runs the ticks due by the database's clock, in order, while this replica leads; returns
+    /// how far that clock is ahead of this replica's.
+    async fn catch_up(&self, leader: &LeaderHandle) -> Result<chrono::TimeDelta, SchedulerError> {
         let name = self.task.name();
         let frontier = self.store.frontier(name).await?;
-        let due = self.schedule.due_ticks(frontier, Utc::now(), MAX_CATCH_UP);
+        let clock_offset = frontier.now - Utc::now();
+        let frontier = frontier.last_done;
+        let due = self
+            .schedule
+            .due_ticks(frontier, Utc::now() + clock_offset, MAX_CATCH_UP);
         if due.skipped_older {
             tracing::warn!(
                 task = name,
@@ -94,16 +105,16 @@ impl Periodic {
         for tick in due.ticks {
             // Checked right before acting; the claim's fence re-checks by the database's clock.
             if !leader.is_leader() {
-                return Ok(());
+                return Ok(clock_offset);
             }
             let span = tracing::info_span!("scheduler.tick", task = name, tick_at = %tick);
             let outcome = self.run_tick(tick).instrument(span).await?;
             self.metrics.tick(name, outcome);
             if outcome == "not_leader" {
-                return Ok(());
+                return Ok(clock_offset);
             }
         }
-        Ok(())
+        Ok(clock_offset)
     }
 
     async fn run_tick(&self, tick: chrono::DateTime<Utc>) -> Result<&'static str, SchedulerError> {

@@ -7,7 +7,7 @@
 
 use chrono::{DateTime, Utc};
 use croner::Cron;
-use croner::parser::{CronParser, Seconds};
+use croner::parser::{CronParser, Seconds, Year};
 
 /// A parsed cron expression.
 #[derive(Debug, Clone)]
@@ -42,8 +42,11 @@ impl Schedule {
         if expression.trim().is_empty() {
             return Err(invalid("it is empty".into()));
         }
+        // No seventh (year) field: a schedule bounded to a year would stop for good once the
+        // year is over, with nothing said.
         let cron = CronParser::builder()
             .seconds(Seconds::Optional)
+            .year(Year::Disallowed)
             .build()
             .parse(expression)
             .map_err(|e| invalid(e.to_string()))?;
@@ -250,6 +253,7 @@ mod tests {
             "61 * * * *",
             "* * * *",
             "0 0 30 2 *",
+            "0 0 3 * * * 2099",
         ] {
             let err = Schedule::parse(bad).unwrap_err();
             assert!(

@@ -4,7 +4,9 @@
 //! A claim runs inside the transaction that does the tick's work and takes two steps:
 //!
 //! 1. **Fence**: the `scheduler` lease row must name this replica and be unexpired by the
-//!    database's clock, read `FOR SHARE`. The share lock keeps the lease from being taken over
+//!    database's clock at the claim (`clock_timestamp()`, not the transaction's start: a
+//!    transaction that did its reads first may have begun under a lease that has since lapsed),
+//!    read `FOR SHARE`. The share lock keeps the lease from being taken over
 //!    (or resigned) until the transaction ends, so the work commits only while this replica holds
 //!    the lease, even if the process was paused between its own leadership check and the commit.
 //! 2. **Claim**: `INSERT … ON CONFLICT DO NOTHING` on `(task, tick_at)`. A concurrent claimer of
@@ -36,6 +38,15 @@ pub enum Claim {
     NotLeader,
 }
 
+/// Where a task stands ([`TickStore::frontier`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Frontier {
+    /// The newest tick anyone did, up to `now`.
+    pub last_done: Option<DateTime<Utc>>,
+    /// The database's clock.
+    pub now: DateTime<Utc>,
+}
+
 /// Claims ticks on behalf of one scheduler replica.
 #[derive(Debug, Clone)]
 pub struct TickStore {
@@ -61,12 +72,23 @@ impl TickStore {
         &self.candidate_id
     }
 
-    /// The newest tick of `task` that was done by anyone.
-    pub async fn frontier(&self, task: &str) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
-        sqlx::query_scalar("SELECT max(tick_at) FROM scheduler_ticks WHERE task = $1")
-            .bind(task)
-            .fetch_one(&self.pool)
-            .await
+    /// Where `task` stands by the database's clock: the newest tick anyone did, and that clock.
+    ///
+    /// Ticks are reckoned against the database's clock, not the replica's, so that a replica
+    /// whose clock is off (a bad NTP step, a VM restored with a stale clock) neither runs ticks
+    /// early nor claims ticks of the future, which would leave nothing due anywhere until real
+    /// time caught up with them. Rows of the future that such a replica left behind (before this
+    /// rule) are not the frontier.
+    pub async fn frontier(&self, task: &str) -> Result<Frontier, sqlx::Error> {
+        let (last_done, now) = sqlx::query_as(
+            "SELECT (SELECT max(tick_at) FROM scheduler_ticks \
+                     WHERE task = $1 AND tick_at <= clock_timestamp()), \
+                    clock_timestamp()",
+        )
+        .bind(task)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(Frontier { last_done, now })
     }
 
     /// Begins a tick transaction (see the module docs for its session timeout).
@@ -106,7 +128,7 @@ impl TickStore {
     ) -> Result<Claim, sqlx::Error> {
         let holds_lease: Option<i32> = sqlx::query_scalar(
             "SELECT 1 FROM fairlane_leader \
-             WHERE name = $1 AND leader_id = $2 AND expires_at > now() FOR SHARE",
+             WHERE name = $1 AND leader_id = $2 AND expires_at > clock_timestamp() FOR SHARE",
         )
         .bind(SCHEDULER_LEASE)
         .bind(&self.candidate_id)

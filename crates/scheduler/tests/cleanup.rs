@@ -270,3 +270,37 @@ async fn cleanup_removes_reservations_of_finished_and_deleted_jobs_and_keeps_liv
     assert_eq!(orphans("expired_without_job"), Some(1.0));
     assert!(s.child.terminate(Duration::from_secs(20)).await.success());
 }
+
+/// A tick claimed in the future (by a replica whose clock had jumped ahead, before ticks were
+/// reckoned by the database's clock) is not where the task resumes: the ticks due now still run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tick_claimed_in_the_future_does_not_stop_the_task() {
+    let db = TestDb::new().await;
+    sqlx::query(
+        "INSERT INTO scheduler_ticks (task, tick_at, claimed_by) \
+         VALUES ('reservation-cleanup', date_trunc('second', now()) + interval '1 day', 'skewed')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let mut s = Scheduler::spawn(
+        "future-frontier",
+        &db.url(),
+        &[("REANALYZE_ENABLED", "false")],
+    );
+    let me = s.wait_running().await;
+    eventually(
+        Duration::from_secs(20),
+        "a tick due now claimed",
+        || async {
+            let now = db_now(&db.pool).await;
+            ticks(&db.pool, "reservation-cleanup")
+                .await
+                .iter()
+                .any(|t| t.claimed_by == me && t.tick_at <= now)
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(s.child.terminate(Duration::from_secs(20)).await.success());
+}

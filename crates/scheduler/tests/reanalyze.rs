@@ -354,8 +354,33 @@ async fn a_claimer_frozen_in_its_transaction_is_cut_off_and_the_tick_stays_avail
     );
     tx.commit().await.unwrap();
     assert_eq!(
-        next.frontier("reanalyze").await.unwrap(),
+        next.frontier("reanalyze").await.unwrap().last_done,
         Some(t),
         "the frontier is where a new leader resumes"
+    );
+}
+
+/// The fence reads the lease against the database's clock at the claim, not at the start of the
+/// transaction: a transaction begun under a lease that lapsed while it did its reads claims
+/// nothing.
+#[tokio::test]
+async fn a_lease_that_lapsed_during_the_transaction_fences_the_claim() {
+    let db = TestDb::new().await;
+    sqlx::query(
+        "INSERT INTO fairlane_leader (name, leader_id, expires_at) \
+         VALUES ('scheduler', 'me', clock_timestamp() + interval '300 milliseconds')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let store = TickStore::new(db.pool.clone(), "me", Duration::from_secs(5));
+    let mut tx = store.begin().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        store
+            .claim(&mut tx, "reanalyze", tick("2026-11-24T10:00:00Z"))
+            .await
+            .unwrap(),
+        Claim::NotLeader
     );
 }
