@@ -418,6 +418,12 @@ impl Limiter {
     /// denied if any enforced limit denies it. Never fails: backend trouble turns into
     /// `failed_open` or a fallback decision within the deadline.
     pub async fn check(&self, request: &RateLimitRequest) -> RateLimitOutcome {
+        // Before the rules: see `DenyCache::generation`.
+        let generation = self
+            .inner
+            .deny_cache
+            .as_ref()
+            .map_or(0, DenyCache::generation);
         let rules = self.inner.current_rules();
         let matched = rules.match_request(request);
         let limits = match matched.len() {
@@ -425,11 +431,13 @@ impl Limiter {
             1 => {
                 let mut matched = matched;
                 let only = matched.pop().expect("length checked");
-                vec![self.inner.decide_rule(only).await]
+                vec![self.inner.decide_rule(only, generation).await]
             }
             _ => {
                 futures_util::future::join_all(
-                    matched.into_iter().map(|m| self.inner.decide_rule(m)),
+                    matched
+                        .into_iter()
+                        .map(|m| self.inner.decide_rule(m, generation)),
                 )
                 .await
             }
@@ -476,7 +484,9 @@ impl Inner {
         }
         let parsed = RuleSet::parse_fairlane(&text, &name);
         *last = text;
-        drop(last);
+        // `last` stays locked until the new rules are in force: two reloads at once must put
+        // their rules in force in the order they read the file, or the older text could win
+        // while the newer one is remembered as read.
         match parsed {
             Ok(rules) => {
                 let count = rules.rules().len();
@@ -499,7 +509,8 @@ impl Inner {
         }
     }
 
-    async fn decide_rule(&self, matched: MatchedRule) -> LimitOutcome {
+    /// Decides one matched rule; `generation` is the deny cache's, read before the rules were.
+    async fn decide_rule(&self, matched: MatchedRule, generation: u64) -> LimitOutcome {
         let MatchedRule { rule, counter_key } = matched;
         let shadow = self.config.global_shadow_mode || rule.shadow_mode;
         let outcome = match rule.limit {
@@ -532,7 +543,7 @@ impl Inner {
                 rule,
             },
             RuleLimit::Limited(policy) => {
-                self.decide_limited(rule, &counter_key, policy, shadow)
+                self.decide_limited(rule, &counter_key, policy, shadow, generation)
                     .await
             }
         };
@@ -546,6 +557,7 @@ impl Inner {
         counter_key: &str,
         policy: Policy,
         shadow: bool,
+        generation: u64,
     ) -> LimitOutcome {
         if let Some(cache) = &self.deny_cache {
             let now = Instant::now();
@@ -624,6 +636,7 @@ impl Inner {
                     limit: policy.requests_per_unit,
                 },
                 sent,
+                generation,
             );
         }
         LimitOutcome {

@@ -475,3 +475,69 @@ async fn the_shipped_rules_run_end_to_end_on_redis() {
     }
     assert_eq!(allowed, 2);
 }
+
+/// A remote backend that denies every request for a minute, each answer held back until the
+/// test lets one through.
+struct GatedDenier(tokio::sync::Semaphore);
+
+#[async_trait::async_trait]
+impl Backend for GatedDenier {
+    async fn decide(
+        &self,
+        _counter_key: &str,
+        _policy: &ratelimit::Policy,
+    ) -> Result<ratelimit::BackendDecision, ratelimit::BackendError> {
+        self.0.acquire().await.expect("open").forget();
+        Ok(ratelimit::BackendDecision {
+            verdict: ratelimit::Verdict {
+                allowed: false,
+                remaining: 0,
+                reset_us: 60_000_000,
+                retry_after_us: 60_000_000,
+            },
+            clock_us: 0,
+        })
+    }
+
+    fn name(&self) -> &'static str {
+        "gated"
+    }
+}
+
+/// A denial decided under the rules of before a reload, and answered after it, is not cached:
+/// the new rules may allow what the old ones denied, and the cache is only ever a lower bound of
+/// the rules in force.
+#[tokio::test]
+async fn a_denial_decided_under_the_old_rules_is_not_cached_after_a_reload() {
+    let dir = temp_dir("deny-reload");
+    let path = dir.join("rules.yaml");
+    write(&path, &rules_with_limit(2));
+    let backend = Arc::new(GatedDenier(tokio::sync::Semaphore::new(0)));
+    let config = LimiterConfig {
+        deadline: Duration::from_secs(30),
+        ..static_config()
+    };
+    let limiter =
+        Arc::new(Limiter::from_rules_file(&path, backend.clone(), config).expect("valid file"));
+    let in_flight = tokio::spawn({
+        let limiter = Arc::clone(&limiter);
+        async move { limiter.check(&user("r")).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    write(&path, &rules_with_limit(1000));
+    assert!(limiter.reload_now().expect("valid"));
+    backend.0.add_permits(2);
+    let old = in_flight.await.expect("check");
+    assert_eq!(
+        (old.allowed, old.limits[0].source),
+        (false, DecisionSource::Backend)
+    );
+    let next = limiter.check(&user("r")).await;
+    assert_eq!(
+        next.limits[0].source,
+        DecisionSource::Backend,
+        "asked under the new rules, not answered from the old ones' denial"
+    );
+    assert_eq!(next.limits[0].decision.limit, 1000);
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}
