@@ -38,7 +38,8 @@ impl LeaderHandle {
             .is_some_and(|until| Instant::now() < until)
     }
 
-    /// Waits until leadership (as last observed) changes; returns the new value.
+    /// Waits until leadership (as last observed) changes, or is restored after it lapsed
+    /// without a change being seen (a late renewal); returns the new value.
     pub async fn changed(&mut self) -> bool {
         if self.changes.changed().await.is_err() {
             // The elector stopped: never leader again.
@@ -121,10 +122,19 @@ impl LeaderElector {
             let sent_at = Instant::now();
             match self.try_acquire().await {
                 Ok(true) => {
+                    let lapsed = self.was_leader() && !self.still_valid();
                     if !self.was_leader() {
                         tracing::info!(lease = %self.name, candidate = %self.candidate_id, "became leader");
                     }
                     self.set_valid_until(Some(sent_at + self.ttl));
+                    if lapsed && self.still_valid() {
+                        // Renewals late past the lease's validity: `is_leader` was false
+                        // meanwhile, though no change was sent. Whoever skipped work in that gap
+                        // is told now that it holds again, instead of at its next wake-up (a
+                        // schedule's next tick can be an hour away).
+                        tracing::info!(lease = %self.name, "leadership valid again after late renewals");
+                        self.changes.send_modify(|leader| *leader = true);
+                    }
                 }
                 Ok(false) => {
                     if self.was_leader() {
