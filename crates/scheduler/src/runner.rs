@@ -58,7 +58,7 @@ impl Periodic {
         loop {
             let mut failed = false;
             if leader.is_leader() {
-                match self.catch_up(&leader).await {
+                match self.catch_up(&leader, &shutdown).await {
                     Ok(offset) => clock_offset = offset,
                     Err(e) => {
                         tracing::warn!(task = name, error = %e, "scheduler tick failed; retrying");
@@ -86,7 +86,11 @@ impl Periodic {
 
     /// Runs the ticks due by the database's clock, in order, while this replica leads; returns
     /// how far that clock is ahead of this replica's.
-    async fn catch_up(&self, leader: &LeaderHandle) -> Result<chrono::TimeDelta, SchedulerError> {
+    async fn catch_up(
+        &self,
+        leader: &LeaderHandle,
+        shutdown: &CancellationToken,
+    ) -> Result<chrono::TimeDelta, SchedulerError> {
         let name = self.task.name();
         let frontier = self.store.frontier(name).await?;
         let clock_offset = frontier.now - Utc::now();
@@ -104,7 +108,8 @@ impl Periodic {
         }
         for tick in due.ticks {
             // Checked right before acting; the claim's fence re-checks by the database's clock.
-            if !leader.is_leader() {
+            // A shutdown stops a catch-up between ticks, so the replica resigns at once.
+            if !leader.is_leader() || shutdown.is_cancelled() {
                 return Ok(clock_offset);
             }
             let span = tracing::info_span!("scheduler.tick", task = name, tick_at = %tick);
