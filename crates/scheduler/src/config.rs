@@ -156,6 +156,9 @@ pub const MIN_DATABASE_CONNECTIONS: u32 = 4;
 #[error("invalid scheduler configuration: {0}")]
 pub struct InvalidConfig(pub String);
 
+/// The longest `SCHEDULER_LEASE_TTL`.
+const MAX_LEASE_TTL: Duration = Duration::from_secs(3600);
+
 impl Config {
     /// Checks every setting and parses the schedules.
     pub fn check(&self) -> Result<Checked, InvalidConfig> {
@@ -172,9 +175,13 @@ impl Config {
             .http_addr
             .parse()
             .map_err(|e| InvalidConfig(format!("HTTP_ADDR `{}`: {e}", self.http_addr)))?;
-        if self.scheduler_lease_ttl < Duration::from_millis(300) {
+        // The TTL is also each tick transaction's idle timeout, an `int` of milliseconds in
+        // PostgreSQL; a lease of an hour already means an hour without a scheduler.
+        if self.scheduler_lease_ttl < Duration::from_millis(300)
+            || self.scheduler_lease_ttl > MAX_LEASE_TTL
+        {
             return Err(InvalidConfig(format!(
-                "SCHEDULER_LEASE_TTL must be at least 300ms, got {:?}",
+                "SCHEDULER_LEASE_TTL must be between 300ms and 1h, got {:?}",
                 self.scheduler_lease_ttl
             )));
         }
@@ -308,6 +315,7 @@ mod tests {
         assert!(err(&[("REANALYZE_MAX_ATTEMPTS", "40000")]).contains("REANALYZE_MAX_ATTEMPTS"));
         assert!(err(&[("QUEUE_DEPTH_INTERVAL", "0s")]).contains("QUEUE_DEPTH_INTERVAL"));
         assert!(err(&[("SCHEDULER_LEASE_TTL", "10ms")]).contains("SCHEDULER_LEASE_TTL"));
+        assert!(err(&[("SCHEDULER_LEASE_TTL", "30d")]).contains("SCHEDULER_LEASE_TTL"));
         assert!(err(&[("HTTP_ADDR", "nowhere")]).contains("HTTP_ADDR"));
         assert!(err(&[("QUEUE_HEARTBEAT_INTERVAL", "30s")]).contains("QUEUE_"));
     }
