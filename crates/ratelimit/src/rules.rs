@@ -18,7 +18,9 @@ use crate::policy::{Algorithm, Policy, Unit};
 use crate::request::{DescriptorKey, RateLimitRequest};
 use crate::yaml_locate::{Segment, YamlPath, locate};
 
-/// Largest accepted `requests_per_unit` and `burst` (keeps the scaled integer arithmetic exact).
+/// Largest accepted `requests_per_unit` and `burst`: keeps the scaled integer arithmetic exact in
+/// Rust (`u64`). The Redis scripts compute in doubles, exact only up to 2⁵³ scaled units (see
+/// docs/ratelimit.md for the margin beyond).
 pub const MAX_REQUESTS_PER_UNIT: u64 = 100_000_000;
 
 /// Largest `requests_per_unit` for `sliding_log`, which stores one entry per allowed request.
