@@ -61,6 +61,11 @@ fn sf_string(s: &str) -> String {
 
 /// The limit headers for `outcome` (none when no rule, or only `unlimited` or shadow-mode ones,
 /// applied).
+///
+/// The remaining count never exceeds the limit: a token or leaky bucket whose `burst` is larger
+/// than its `requests_per_unit` holds more than the policy's quota when full, and headers saying
+/// `r=99` of `q=10` contradict each other. A client is told it may spend up to the quota now,
+/// which the bucket holds.
 pub fn limit_headers(outcome: &RateLimitOutcome) -> Vec<(HeaderName, String)> {
     let Some(headline) = outcome.headline() else {
         return Vec::new();
@@ -68,7 +73,8 @@ pub fn limit_headers(outcome: &RateLimitOutcome) -> Vec<(HeaderName, String)> {
     let Some(policy) = headline.policy else {
         return Vec::new();
     };
-    let d = headline.decision;
+    let mut d = headline.decision;
+    d.remaining = d.remaining.min(d.limit);
     let reset = ceil_seconds(d.reset);
     let name = sf_string(&headline.rule.id);
     let window = policy.unit.seconds();
@@ -258,6 +264,36 @@ mod tests {
             headers.contains(&("x-ratelimit-remaining", "8")),
             "{headers:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_burst_above_the_rate_never_shows_more_remaining_than_the_limit() {
+        let limiter = memory_limiter(
+            "domain: web\n\
+             descriptors:\n\
+             \x20 - key: route\n\
+             \x20   rate_limit: {unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 100}\n",
+        );
+        let request = describe(None, None, "/v1/usage", "GET");
+        for n in 0..95 {
+            let outcome = limiter.check(&request).await;
+            assert!(outcome.allowed, "request {n}");
+            let headers = limit_headers(&outcome);
+            let value = |name: &str| {
+                headers
+                    .iter()
+                    .find(|(h, _)| h.as_str() == name)
+                    .map(|(_, v)| v.clone())
+                    .unwrap()
+            };
+            let (limit, remaining): (u64, u64) = (
+                value("x-ratelimit-limit").parse().unwrap(),
+                value("x-ratelimit-remaining").parse().unwrap(),
+            );
+            assert_eq!(limit, 10);
+            assert!(remaining <= limit, "request {n}: {headers:?}");
+            assert!(value("ratelimit").contains(&format!(";r={remaining};")));
+        }
     }
 
     #[test]
