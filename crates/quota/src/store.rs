@@ -412,19 +412,43 @@ impl Quota {
         grant.reserve(conn, None).await
     }
 
-    /// The user's usage of every event type in the current billing period, read in one
-    /// statement (one snapshot). `now` guesses the period; as for a check, the database's clock
-    /// decides it ([`Quota::settle_period`]), so a web host whose clock is off, or a read at a
-    /// period's end, shows the period that billing counts in.
+    /// The user's usage of every event type in the billing period containing `at`, read in one
+    /// statement (one snapshot). For the period billing counts in now, see
+    /// [`Quota::current_usage`].
     pub async fn usage(
         &self,
         conn: &mut PgConnection,
         user_id: Uuid,
-        now: DateTime<Utc>,
+        at: DateTime<Utc>,
     ) -> Result<UserUsage, QuotaError> {
-        let plan = self.plan(Service::ALL.iter().map(|s| (user_id, *s)), now);
+        let plan = self.plan(Service::ALL.iter().map(|s| (user_id, *s)), at);
+        let rows = read_standings(conn, &plan).await?;
+        self.usage_of(user_id, &plan, &rows)
+    }
+
+    /// The user's usage in the current billing period. `host_now` (the caller's clock) only
+    /// guesses the period; as for a check, the database's clock decides it
+    /// ([`Quota::settle_period`]), so a web host whose clock is off, or a read at a period's end,
+    /// shows the period that billing counts in.
+    pub async fn current_usage(
+        &self,
+        conn: &mut PgConnection,
+        user_id: Uuid,
+        host_now: DateTime<Utc>,
+    ) -> Result<UserUsage, QuotaError> {
+        let plan = self.plan(Service::ALL.iter().map(|s| (user_id, *s)), host_now);
         let rows = read_standings(conn, &plan).await?;
         let (plan, rows) = self.settle_period(conn, plan, rows).await?;
+        self.usage_of(user_id, &plan, &rows)
+    }
+
+    /// The usage that `rows`, read for `plan`, show.
+    fn usage_of(
+        &self,
+        user_id: Uuid,
+        plan: &CheckPlan,
+        rows: &[StandingRow],
+    ) -> Result<UserUsage, QuotaError> {
         let tier = rows
             .first()
             .and_then(|row| row.tier.as_deref())
@@ -433,7 +457,7 @@ impl Quota {
         let events = plan
             .pairs
             .iter()
-            .zip(&rows)
+            .zip(rows)
             .map(|(&(_, event_type), row)| EventUsage {
                 event_type,
                 used: row.used,

@@ -302,8 +302,8 @@ async fn the_check_and_the_usage_count_the_databases_billing_period_whatever_the
             .await
             .unwrap();
         assert_eq!(grant.period, period);
-        // The usage shown is that period's too.
-        let usage = quota.usage(&mut tx, user, clock).await.unwrap();
+        // The current usage shown is that period's too.
+        let usage = quota.current_usage(&mut tx, user, clock).await.unwrap();
         let specview = usage
             .events
             .iter()

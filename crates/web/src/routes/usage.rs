@@ -68,7 +68,7 @@ pub async fn get(
     let mut conn = state.pool.acquire().await?;
     let usage = state
         .quota
-        .usage(&mut conn, user.user_id, Utc::now())
+        .current_usage(&mut conn, user.user_id, Utc::now())
         .await
         .map_err(crate::quota_problem)?;
     Ok(Json(UsageView {
