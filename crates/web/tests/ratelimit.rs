@@ -146,3 +146,73 @@ async fn two_processes_sharing_redis_never_exceed_the_limit() {
     a.get("/v1/usage", &key).await.problem(429, "rate_limited");
     b.get("/v1/usage", &key).await.problem(429, "rate_limited");
 }
+
+/// With Redis unreachable, requests are still served (from each replica's own memory), and what
+/// the alert on the limiter's backend (deploy/prometheus/alerts.yml) watches is exported: the
+/// alert can fire when it should.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_redis_serves_requests_and_exports_what_its_alert_watches() {
+    let db = TestDb::new().await;
+    let rules = rules(20, 1000);
+    let env = [
+        ("RATELIMIT_ENABLED", "true".to_owned()),
+        ("RATELIMIT_RULES", rules.display().to_string()),
+        (
+            "REDIS_URL",
+            format!("redis://127.0.0.1:{}", support::free_port()),
+        ),
+    ];
+    let (_web, http) = spawn_web(&db, &env).await;
+    let (_, key) = user_with_key(&db.pool, "pro").await;
+    for _ in 0..5 {
+        let r = http.get("/v1/usage", &key).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_limit_headers(&r, 20);
+    }
+
+    let alerts: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../../deploy/prometheus/alerts.yml"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let expr = alerts["groups"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_sequence().unwrap())
+        .find(|r| r["alert"] == "FairlaneRateLimiterBackendFailing")
+        .expect("the limiter's backend alert")["expr"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // The alert's selector: its metric, and its label matchers (`label="value"`), if any.
+    let start = expr
+        .find("fairlane_")
+        .expect("a fairlane metric in the alert");
+    let selector = &expr[start..];
+    let metric_end = selector
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(selector.len());
+    let metric = &selector[..metric_end];
+    let matchers: Vec<&str> = match selector[metric_end..].strip_prefix('{') {
+        Some(rest) => rest[..rest.find('}').unwrap()].split(',').collect(),
+        None => Vec::new(),
+    };
+    let metrics = http.send(Method::GET, "/metrics", &[], None).await.text();
+    let failures: f64 = metrics
+        .lines()
+        .filter(|line| {
+            line.strip_prefix(metric)
+                .is_some_and(|rest| rest.starts_with(['{', ' ']))
+                && matchers.iter().all(|m| line.contains(m.trim()))
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(
+        failures >= 5.0,
+        "{metric} counts {failures} failed calls after 5 requests:\n{metrics}"
+    );
+}
