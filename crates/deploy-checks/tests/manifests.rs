@@ -12,6 +12,7 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::{env_names, read, temp_dir, workspace_root};
@@ -527,7 +528,7 @@ fn deployments_have_probes_resources_budgets_graceful_shutdown_and_scaling() {
                 .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
                 .unwrap_or_else(|| panic!("{overlay}: no {kind} {name}"))
         };
-        let config = |name: &str, key: &str| -> String {
+        let config_opt = |name: &str, key: &str| -> Option<String> {
             objects
                 .iter()
                 .find(|o| {
@@ -535,8 +536,11 @@ fn deployments_have_probes_resources_budgets_graceful_shutdown_and_scaling() {
                         && base_name(o["metadata"]["name"].as_str().unwrap()) == name
                 })
                 .and_then(|o| o["data"][key].as_str())
+                .map(str::to_owned)
+        };
+        let config = |name: &str, key: &str| -> String {
+            config_opt(name, key)
                 .unwrap_or_else(|| panic!("{overlay}: ConfigMap {name} has no {key}"))
-                .to_owned()
         };
         for name in ["web", "analyzer-worker", "specgen-worker", "scheduler"] {
             let deployment = find("Deployment", name);
@@ -595,25 +599,50 @@ fn deployments_have_probes_resources_budgets_graceful_shutdown_and_scaling() {
         let delay: u64 = pre_stop[1].as_str().unwrap().parse().unwrap();
         assert!(delay > 0);
         let drain = seconds(&config("fairlane-web", "HTTP_REQUEST_TIMEOUT"));
+        let flush = |map: &str| {
+            let mut telemetry = telemetry::TelemetryConfig::default();
+            if let Some(timeout) = config_opt(map, "OTLP_EXPORT_TIMEOUT") {
+                telemetry.otlp_export_timeout = Duration::from_secs(seconds(&timeout));
+            }
+            telemetry.shutdown_bound().as_secs_f64()
+        };
+        let web_bound = (delay + drain) as f64
+            + web::BATCH_THREAD_STOP_BOUND.as_secs_f64()
+            + flush("fairlane-web");
+        let grace = web["terminationGracePeriodSeconds"].as_u64().unwrap();
         assert!(
-            web["terminationGracePeriodSeconds"].as_u64().unwrap() > delay + drain,
-            "{overlay} web grace"
+            grace as f64 > web_bound,
+            "{overlay} web: grace {grace} s ≤ preStop, drain, collectors and telemetry flush {web_bound} s"
         );
         assert_eq!(
             find("Service", "web")["spec"]["selector"],
             find("Deployment", "web")["spec"]["selector"]["matchLabels"]
         );
-        // Workers: grace above the engine's drain; KEDA owns their replicas and watches their queues.
-        let drain = seconds(&config("fairlane-workers", "QUEUE_SHUTDOWN_TIMEOUT"))
-            + seconds(&config("fairlane-workers", "QUEUE_CANCEL_GRACE"));
+        // Workers: grace above the worst shutdown (the engine's drain and bounded steps, the
+        // health server and gauge, the telemetry flush); KEDA owns their replicas and watches
+        // their queues.
+        let engine = queue::EngineConfig {
+            shutdown_timeout: Duration::from_secs(seconds(&config(
+                "fairlane-workers",
+                "QUEUE_SHUTDOWN_TIMEOUT",
+            ))),
+            cancel_grace: Duration::from_secs(seconds(&config(
+                "fairlane-workers",
+                "QUEUE_CANCEL_GRACE",
+            ))),
+            ..queue::EngineConfig::default()
+        };
+        let worker_bound = (engine.shutdown_bound() + workerkit::SHUTDOWN_OVERHEAD_BOUND)
+            .as_secs_f64()
+            + flush("fairlane-workers");
         for (name, queues) in &workers {
             let deployment = find("Deployment", name);
             let grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
                 .as_u64()
                 .unwrap();
             assert!(
-                grace > drain,
-                "{overlay} {name}: grace {grace} s ≤ drain {drain} s"
+                grace as f64 > worker_bound,
+                "{overlay} {name}: grace {grace} s ≤ the worst shutdown {worker_bound} s"
             );
             assert!(
                 deployment["spec"]["replicas"].is_null(),

@@ -107,7 +107,11 @@ impl WaitingGauge {
         shutdown: CancellationToken,
     ) {
         loop {
-            if let Err(e) = self.refresh(&pool, &limits).await {
+            let refreshed = tokio::select! {
+                () = shutdown.cancelled() => return,
+                refreshed = self.refresh(&pool, &limits) => refreshed,
+            };
+            if let Err(e) = refreshed {
                 tracing::warn!(error = %e, service = %self.service, "counting jobs held by fairness failed");
             }
             tokio::select! {

@@ -313,7 +313,7 @@ impl Engine {
         join_within(&mut tasks, STALLED_STATEMENT_BOUND, "background tasks").await;
         drop(rt);
         if !completer_stopped
-            && tokio::time::timeout(Duration::from_secs(10), &mut completer)
+            && tokio::time::timeout(COMPLETER_DRAIN_BOUND, &mut completer)
                 .await
                 .is_err()
         {
@@ -360,6 +360,26 @@ impl Engine {
 /// until the orchestrator kills it. Every job left `running` by such a step is rescued once the
 /// worker's heartbeat is stale, as after a crash.
 const STALLED_STATEMENT_BOUND: Duration = Duration::from_secs(3);
+
+/// How long a shutdown lets the completer persist the ends it still holds.
+const COMPLETER_DRAIN_BOUND: Duration = Duration::from_secs(10);
+
+/// What a shutdown may take beyond `shutdown_timeout + cancel_grace` when the database stops
+/// answering: the producers, the background tasks, the completer (its drain, then an abort) and
+/// the deregistration each within their bound, plus the half second of slack given to handlers
+/// after their cancel. A deployment's grace period must cover [`EngineConfig::shutdown_bound`].
+pub const SHUTDOWN_OVERHEAD_BOUND: Duration = STALLED_STATEMENT_BOUND
+    .saturating_mul(4)
+    .saturating_add(COMPLETER_DRAIN_BOUND)
+    .saturating_add(Duration::from_millis(500));
+
+impl EngineConfig {
+    /// The longest an engine's shutdown can take with this configuration, however unresponsive
+    /// the database or the handlers are.
+    pub fn shutdown_bound(&self) -> Duration {
+        self.shutdown_timeout + self.cancel_grace + SHUTDOWN_OVERHEAD_BOUND
+    }
+}
 
 /// Waits for every task of `set`.
 async fn drain<T: 'static>(set: &mut tokio::task::JoinSet<T>) {

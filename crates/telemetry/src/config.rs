@@ -89,6 +89,18 @@ impl TelemetryConfig {
         }
     }
 
+    /// How long flushing traces or metrics at shutdown may take: the export timeout, plus a
+    /// second for the exporter to give up.
+    pub fn flush_timeout(&self) -> Duration {
+        self.otlp_export_timeout + Duration::from_secs(1)
+    }
+
+    /// The longest the telemetry guard's shutdown can take: traces, then metrics, each within
+    /// [`TelemetryConfig::flush_timeout`]. A deployment's grace period must cover it.
+    pub fn shutdown_bound(&self) -> Duration {
+        self.flush_timeout() * 2
+    }
+
     /// Refuses settings that would break exporting or hang shutdown: an `OTLP_EXPORT_TIMEOUT`
     /// of zero (every export fails) or above [`MAX_OTLP_EXPORT_TIMEOUT`] (shutdown waits that
     /// long for the collector), a `METRICS_EXPORT_INTERVAL` of zero (the SDK would quietly use

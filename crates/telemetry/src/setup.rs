@@ -235,7 +235,7 @@ pub fn init(config: &TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> 
         tracer_provider,
         meter_provider,
         transport,
-        shutdown_timeout: config.otlp_export_timeout + Duration::from_secs(1),
+        shutdown_timeout: config.flush_timeout(),
         service_instance_id,
         shut_down: false,
     };

@@ -315,13 +315,18 @@ impl Server {
         serve::serve(self.listener, self.app, self.limits, shutdown).await;
         tracing::info!("HTTP server stopped; in-flight requests finished");
         // The state, and with it the batchers, went with the server: the collectors stop.
-        if !self.batch_thread.stop(Duration::from_secs(10)).await {
-            tracing::warn!("the batch collectors did not stop within 10 s");
+        if !self.batch_thread.stop(BATCH_THREAD_STOP_BOUND).await {
+            tracing::warn!(bound = ?BATCH_THREAD_STOP_BOUND, "the batch collectors did not stop in time");
         }
         self.pool.close().await;
         Ok(())
     }
 }
+
+/// How long a shutdown waits for the batch collectors once the server has drained. A
+/// deployment's grace period must cover the drain (`HTTP_REQUEST_TIMEOUT`), this, and the
+/// telemetry flush ([`telemetry::TelemetryConfig::shutdown_bound`]).
+pub const BATCH_THREAD_STOP_BOUND: Duration = Duration::from_secs(10);
 
 /// Serves the API with `config` until `shutdown` fires.
 pub async fn run(config: WebConfig, shutdown: CancellationToken) -> anyhow::Result<()> {

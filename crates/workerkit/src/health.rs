@@ -29,12 +29,21 @@ pub async fn serve(listener: tokio::net::TcpListener, app: Router, done: Cancell
     }
 }
 
+/// Answered within [`READY_CHECK_BOUND`]: a probe gives up sooner than the pool's acquire
+/// timeout, and a shutdown waits for the checks in flight.
 async fn ready(State(pool): State<PgPool>) -> impl IntoResponse {
-    match schema::check_applied(&pool).await {
-        Ok(()) => (StatusCode::OK, "ready".to_owned()),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}")),
+    match tokio::time::timeout(READY_CHECK_BOUND, schema::check_applied(&pool)).await {
+        Ok(Ok(())) => (StatusCode::OK, "ready".to_owned()),
+        Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}")),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: the database did not answer within {READY_CHECK_BOUND:?}"),
+        ),
     }
 }
+
+/// How long `/readyz` waits for the database.
+pub const READY_CHECK_BOUND: std::time::Duration = std::time::Duration::from_secs(2);
 
 async fn metrics() -> impl IntoResponse {
     (

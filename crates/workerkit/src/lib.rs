@@ -92,9 +92,21 @@ pub async fn run(
         Ok(())
     };
     http_done.cancel();
-    let _ = http.await;
+    // In-flight `/readyz` checks end within their own bound; this one only guards against a
+    // connection that never lets the server finish.
+    let mut http = http;
+    if tokio::time::timeout(STOP_BOUND, &mut http).await.is_err() {
+        http.abort();
+    }
     result
 }
+
+/// How long a shutdown waits for each of the health server and the fairness gauge's count, on
+/// top of the engine's own bound ([`queue::EngineConfig::shutdown_bound`]).
+const STOP_BOUND: Duration = Duration::from_secs(3);
+
+/// What a worker service's shutdown may take beyond its engine's and its telemetry's bounds.
+pub const SHUTDOWN_OVERHEAD_BOUND: Duration = STOP_BOUND.saturating_mul(2);
 
 async fn run_engine(
     config: &WorkerConfig,
@@ -161,8 +173,12 @@ async fn run_engine(
     );
     let ran = engine.run(shutdown).await;
     waiting_done.cancel();
-    if let Some(waiting) = waiting {
-        let _ = waiting.await;
+    if let Some(mut waiting) = waiting
+        && tokio::time::timeout(STOP_BOUND, &mut waiting)
+            .await
+            .is_err()
+    {
+        waiting.abort();
     }
     ran?;
     Ok(())
