@@ -3,7 +3,7 @@
 //! the name is a literal), and benchmarks, fuzz targets and examples reported apart.
 
 use super::lexer::{Lang, Tok, Token, lex};
-use super::{Found, MAX_SUITE_DEPTH, between, capped, matching};
+use super::{Brackets, Found, MAX_SUITE_DEPTH, between, capped};
 use crate::model::{Framework, Modifier, OtherFunction, OtherKind, TestCase};
 
 /// Whether `name` is `prefix` followed by nothing or by a character that is not lowercase, the
@@ -51,6 +51,9 @@ fn test_case(name: &str, suite: Vec<String>, line: u32, skip: bool) -> TestCase 
 
 pub(crate) fn scan(src: &str) -> Found {
     let toks = lex(src, Lang::Go);
+    // Every bracket's match in one pass: a file of unclosed brackets (`func f(` a hundred
+    // thousand times) costs one walk, not one walk to its end per function.
+    let brackets = Brackets::of(&toks);
     let mut found = Found::default();
     let mut depth = 0usize;
     let mut i = 0;
@@ -62,7 +65,7 @@ pub(crate) fn scan(src: &str) -> Found {
             depth = depth.saturating_sub(1);
         } else if depth == 0
             && t.is_ident("func")
-            && let Some(next) = function(&toks, i, &mut found)
+            && let Some(next) = function(&toks, &brackets, i, &mut found)
         {
             i = next;
             continue;
@@ -72,12 +75,40 @@ pub(crate) fn scan(src: &str) -> Found {
     found
 }
 
+/// The `{` opening the body of a function whose parameters close at `close_params`, if it has
+/// one. Go ends a signature at the end of its line (the body's `{` must be on the line where
+/// the results end), so the search stops there, stepping over bracketed results: a bodyless
+/// `func f() int64` (assembly, `//go:linkname`) does not take the next function's body.
+fn body_open(toks: &[Token<'_>], brackets: &Brackets, close_params: usize) -> Option<usize> {
+    let mut line = toks.get(close_params)?.line;
+    let mut k = close_params + 1;
+    loop {
+        let t = toks.get(k)?;
+        if t.line != line {
+            return None;
+        }
+        if t.is_punct(b'{') {
+            return Some(k);
+        }
+        if t.is_punct(b'(') || t.is_punct(b'[') {
+            k = brackets.matching(k);
+            line = toks.get(k)?.line;
+        }
+        k += 1;
+    }
+}
+
 /// Handles a top-level `func` at `at`; returns the index after its body.
-fn function(toks: &[Token<'_>], at: usize, found: &mut Found) -> Option<usize> {
+fn function(
+    toks: &[Token<'_>],
+    brackets: &Brackets,
+    at: usize,
+    found: &mut Found,
+) -> Option<usize> {
     let mut j = at + 1;
     let mut receiver: Option<String> = None;
     if toks.get(j)?.is_punct(b'(') {
-        let close = matching(toks, j);
+        let close = brackets.matching(j);
         receiver = between(toks, j, close)
             .iter()
             .rev()
@@ -90,10 +121,10 @@ fn function(toks: &[Token<'_>], at: usize, found: &mut Found) -> Option<usize> {
     if !toks.get(open_params)?.is_punct(b'(') {
         return None;
     }
-    let close_params = matching(toks, open_params);
+    let close_params = brackets.matching(open_params);
     let params = between(toks, open_params, close_params);
-    let body_open = (close_params..toks.len()).find(|&k| toks[k].is_punct(b'{'))?;
-    let body_close = matching(toks, body_open);
+    let body_open = body_open(toks, brackets, close_params)?;
+    let body_close = brackets.matching(body_open);
 
     let other = |kind| OtherFunction {
         kind,
@@ -107,6 +138,7 @@ fn function(toks: &[Token<'_>], at: usize, found: &mut Found) -> Option<usize> {
                 found.push_test(Framework::Go, test_case(n, Vec::new(), name.line, skip));
                 subtests(
                     toks,
+                    brackets,
                     body_open + 1,
                     body_close,
                     var,
@@ -138,8 +170,10 @@ fn function(toks: &[Token<'_>], at: usize, found: &mut Found) -> Option<usize> {
 
 /// Records `var.Run("literal", …)` calls between `from` and `to` as children of `suite`, and
 /// recurses into their `func(t *testing.T) {…}` bodies.
+#[allow(clippy::too_many_arguments)]
 fn subtests(
     toks: &[Token<'_>],
+    brackets: &Brackets,
     from: usize,
     to: usize,
     var: &str,
@@ -159,7 +193,7 @@ fn subtests(
             continue;
         }
         let open = j + 3;
-        let close = matching(toks, open);
+        let close = brackets.matching(open);
         if let Some(name_tok) = toks.get(open + 1)
             && let Some(name) = name_tok.str_value()
         {
@@ -170,13 +204,13 @@ fn subtests(
                 && toks.get(open + 3).is_some_and(|t| t.is_ident("func"))
                 && toks.get(open + 4).is_some_and(|t| t.is_punct(b'('))
             {
-                let pclose = matching(toks, open + 4);
+                let pclose = brackets.matching(open + 4);
                 if let Some(child_var) = testing_param(between(toks, open + 4, pclose), "T")
                     && toks.get(pclose + 1).is_some_and(|t| t.is_punct(b'{'))
                 {
                     let body_open = pclose + 1;
                     skip = skip || leading_skip(toks, body_open, child_var);
-                    child_body = Some((body_open, matching(toks, body_open), child_var));
+                    child_body = Some((body_open, brackets.matching(body_open), child_var));
                 }
             }
             found.push_test(
@@ -192,6 +226,7 @@ fn subtests(
                 child_suite.push(capped(name));
                 subtests(
                     toks,
+                    brackets,
                     body_open + 1,
                     body_close,
                     child_var,
@@ -268,5 +303,45 @@ func (s *StoreSuite) SetupTest() {}
                 (OtherKind::Example, "ExampleParse"),
             ]
         );
+    }
+
+    #[test]
+    fn a_bodyless_function_does_not_take_the_next_tests_body() {
+        let src = "package x\n\
+                   import \"testing\"\n\
+                   //go:linkname nanotime runtime.nanotime\n\
+                   func nanotime() int64\n\
+                   func stub() (int, error)\n\
+                   func TestAfter(t *testing.T) {\n\
+                   \tt.Run(\"inner\", func(t *testing.T) {})\n\
+                   }\n\
+                   func TestMultiLineResults(t *testing.T) (\n\
+                   \tx int,\n\
+                   ) {\n\
+                   }\n";
+        let names: Vec<String> = scan(src)
+            .tests
+            .iter()
+            .map(|(_, t)| format!("{}/{}", t.suite.join("/"), t.name))
+            .collect();
+        assert_eq!(
+            names,
+            ["/TestAfter", "TestAfter/inner", "/TestMultiLineResults"]
+        );
+    }
+
+    /// A file of functions whose brackets never close is scanned in one pass: every bracket's
+    /// match is found once, where looking it up per function walked to the end of the file
+    /// each time (quadratic: about a minute for this file, with the worker's thread held).
+    #[test]
+    fn unclosed_brackets_cost_one_pass_not_one_per_function() {
+        let src = format!("package x\n{}", "func f(".repeat(200_000));
+        let started = std::time::Instant::now();
+        let found = scan(&src);
+        assert!(found.tests.is_empty());
+        let took = started.elapsed();
+        // A bound a hundred times above what one pass takes on a slow machine in a debug
+        // build, and far below what the quadratic walk took.
+        assert!(took < std::time::Duration::from_secs(10), "took {took:?}");
     }
 }

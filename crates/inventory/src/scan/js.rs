@@ -7,6 +7,9 @@ use super::lexer::{Lang, Tok, Token, lex};
 use super::{Brackets, Found, MAX_NAME_CHARS, MAX_TESTS_PER_FILE, suite_path};
 use crate::model::{Framework, Modifier, TestCase};
 
+/// The most tokens a non-literal test title's expression may have.
+const MAX_TITLE_EXPRESSION_TOKENS: usize = 256;
+
 const SUITE_FUNCTIONS: [&str; 6] = [
     "describe",
     "context",
@@ -192,19 +195,23 @@ fn parse_call(toks: &[Token<'_>], brackets: &Brackets, i: usize) -> Option<Call>
     let name = match first.str_value() {
         Some(v) => v.to_string(),
         None => {
-            // A non-literal title: use the expression's source text.
+            // A non-literal title: use the expression's source text, up to its comma (stepping
+            // over bracketed parts). A title is short: one longer than
+            // `MAX_TITLE_EXPRESSION_TOKENS` is no title (and an unclosed call does not make
+            // every call before it walk to the end of the file).
             let mut end = open + 1;
-            let mut depth = 0i32;
-            while end < close {
-                match toks[end].kind {
-                    Tok::Punct(b'(' | b'[' | b'{') => depth += 1,
-                    Tok::Punct(b')' | b']' | b'}') => depth -= 1,
-                    Tok::Punct(b',') if depth == 0 => break,
-                    _ => {}
+            let mut steps = 0;
+            while end < close && !toks[end].is_punct(b',') {
+                steps += 1;
+                if steps > MAX_TITLE_EXPRESSION_TOKENS {
+                    return None;
                 }
-                end += 1;
+                end = match toks[end].kind {
+                    Tok::Punct(b'(' | b'[' | b'{') => brackets.matching(end) + 1,
+                    _ => end + 1,
+                };
             }
-            if end == open + 1 {
+            if end == open + 1 || end > close {
                 return None;
             }
             source_span(toks, open + 1, end)
@@ -410,5 +417,22 @@ test.step('not a test either', () => {});
         assert_eq!(jest.tests[0].0, Framework::Jest);
         let fallback = scan("test('a', () => {})", Framework::Mocha);
         assert_eq!(fallback.tests[0].0, Framework::Mocha);
+    }
+
+    /// Calls whose non-literal title never reaches a comma or a close (an unclosed call, many
+    /// times) cost one bounded look each, not a walk to the end of the file per call.
+    #[test]
+    fn unclosed_titles_cost_a_bounded_look_each() {
+        let src = format!("it(name {}", "it(x + ".repeat(100_000));
+        let started = std::time::Instant::now();
+        let found = tests(&src);
+        assert!(found.len() <= MAX_TESTS_PER_FILE);
+        let took = started.elapsed();
+        assert!(took < std::time::Duration::from_secs(10), "took {took:?}");
+        // Short expressions still name their test.
+        assert_eq!(
+            tests("it(name + fmt(n, [1, 2]), () => {});")[0].1,
+            "name + fmt(n, [1, 2])"
+        );
     }
 }
