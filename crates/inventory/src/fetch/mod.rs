@@ -318,25 +318,15 @@ fn classify_failure(stage: Stage, output: &GitOutput, git_ref: Option<&str>) -> 
         "returned error: 403",
         "returned error: 404",
         "not a git repository",
-    ]) {
+    ]) || text
+        .lines()
+        .any(|line| line.contains("repository '") && line.contains("' not found"))
+    {
+        // The last: a plain HTTP 404 (git-http-backend, Gitea, Forgejo), where git says
+        // `fatal: repository 'https://host/o/r/' not found`.
         return FetchError::RepositoryNotFound;
     }
-    if has(&[
-        "could not resolve host",
-        "failed to connect",
-        "couldn't connect",
-        "connection refused",
-        "connection timed out",
-        "connection reset",
-        "network is unreachable",
-        "ssl",
-        "tls",
-        "certificate",
-    ]) {
-        return FetchError::Unreachable {
-            detail: last_lines(&output.stderr),
-        };
-    }
+    // Before the network's words: a ref's own name can hold them (`update-openssl`).
     if let Some(r) = git_ref
         && has(&[
             "couldn't find remote ref",
@@ -348,6 +338,29 @@ fn classify_failure(stage: Stage, output: &GitOutput, git_ref: Option<&str>) -> 
         return FetchError::RefNotFound {
             git_ref: r.to_string(),
             hint: "",
+        };
+    }
+    // TLS trouble is told on git's `unable to access '<url>': …` line; elsewhere these words
+    // can be a ref's or a path's.
+    let tls_trouble = text.lines().any(|line| {
+        line.contains("unable to access")
+            && ["ssl", "tls", "certificate", "gnutls"]
+                .iter()
+                .any(|w| line.contains(w))
+    });
+    if tls_trouble
+        || has(&[
+            "could not resolve host",
+            "failed to connect",
+            "couldn't connect",
+            "connection refused",
+            "connection timed out",
+            "connection reset",
+            "network is unreachable",
+        ])
+    {
+        return FetchError::Unreachable {
+            detail: last_lines(&output.stderr),
         };
     }
     let detail = last_lines(&output.stderr);
@@ -801,6 +814,45 @@ mod tests {
         assert!(matches!(
             classify_failure(Stage::Fetch, &theirs, None),
             FetchError::Git { .. }
+        ));
+    }
+
+    #[test]
+    fn failures_that_cannot_pass_are_told_apart_from_the_networks() {
+        use std::os::unix::process::ExitStatusExt;
+        let failed = |stderr: &str| GitOutput {
+            status: std::process::ExitStatus::from_raw(128 << 8),
+            stderr: stderr.to_owned(),
+            memory_cap: 1 << 30,
+        };
+        // A plain 404 of a git-http-backend host.
+        let gone = failed("fatal: repository 'https://git.example.org/o/r/' not found");
+        assert!(matches!(
+            classify_failure(Stage::Resolve, &gone, None),
+            FetchError::RepositoryNotFound
+        ));
+        // A deleted branch whose name holds a network word.
+        let branch = failed("fatal: couldn't find remote ref update-openssl");
+        assert!(matches!(
+            classify_failure(Stage::Fetch, &branch, Some("update-openssl")),
+            FetchError::RefNotFound { .. }
+        ));
+        // TLS trouble, as git reports it.
+        let tls = failed(
+            "fatal: unable to access 'https://git.example.org/o/r/': SSL certificate problem: \
+             self-signed certificate",
+        );
+        assert!(matches!(
+            classify_failure(Stage::Resolve, &tls, None),
+            FetchError::Unreachable { .. }
+        ));
+        let refused = failed(
+            "fatal: unable to access 'https://git.example.org/o/r/': Failed to connect to \
+             git.example.org port 443: Connection refused",
+        );
+        assert!(matches!(
+            classify_failure(Stage::Resolve, &refused, None),
+            FetchError::Unreachable { .. }
         ));
     }
 
