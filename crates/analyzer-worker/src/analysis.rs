@@ -207,7 +207,9 @@ fn fetch_failure(e: FetchError) -> JobError {
 
 fn scan_failure(e: ScanError) -> JobError {
     match e {
-        ScanError::TooManyFiles { .. } => JobError::Cancel(e.to_string()),
+        ScanError::TooManyFiles { .. } | ScanError::TooManyTests { .. } => {
+            JobError::Cancel(e.to_string())
+        }
         ScanError::Io { .. } => JobError::Failed(Box::new(e)),
     }
 }

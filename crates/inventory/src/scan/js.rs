@@ -435,4 +435,27 @@ test.step('not a test either', () => {});
             "name + fmt(n, [1, 2])"
         );
     }
+
+    /// PostgreSQL cannot store NUL: a title with one, raw or escaped, keeps its place with
+    /// U+FFFD instead of making the whole inventory unstorable.
+    #[test]
+    fn a_nul_in_a_title_is_replaced() {
+        let found = tests(
+            "describe('s\u{0}uite', () => { it('a\u{0}b', () => {}); it('c\\0d', () => {}); });",
+        );
+        let names: Vec<(String, String)> = found
+            .into_iter()
+            .map(|(suite, name, ..)| (suite, name))
+            .collect();
+        assert!(
+            names
+                .iter()
+                .all(|(s, n)| !s.contains('\0') && !n.contains('\0')),
+            "{names:?}"
+        );
+        assert_eq!(
+            names[0],
+            ("s\u{fffd}uite".to_owned(), "a\u{fffd}b".to_owned())
+        );
+    }
 }

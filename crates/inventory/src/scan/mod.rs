@@ -51,6 +51,9 @@ pub struct ScanOptions {
     pub max_files: u64,
     /// Directories deeper than this are not descended into.
     pub max_depth: usize,
+    /// The walk stops with [`ScanError::TooManyTests`] once the files scanned hold more tests:
+    /// an inventory must fit a database row, and a worker's memory, whatever the repository.
+    pub max_tests: u64,
 }
 
 impl Default for ScanOptions {
@@ -59,6 +62,7 @@ impl Default for ScanOptions {
             max_file_bytes: 1024 * 1024,
             max_files: 200_000,
             max_depth: 64,
+            max_tests: MAX_TESTS_PER_REPOSITORY,
         }
     }
 }
@@ -81,7 +85,16 @@ pub enum ScanError {
         /// The cap.
         limit: u64,
     },
+    /// The tree has more tests than an inventory may hold.
+    #[error("the tree has more than {limit} tests")]
+    TooManyTests {
+        /// The cap.
+        limit: u64,
+    },
 }
+
+/// The most tests one inventory holds (about 100 MB as JSON at the longest names).
+pub const MAX_TESTS_PER_REPOSITORY: u64 = 500_000;
 
 /// What the language scanners report for one file.
 #[derive(Debug, Default)]
@@ -120,6 +133,16 @@ impl Found {
             && display.chars().count() > MAX_NAME_CHARS
         {
             test.display_name = Some(capped(display));
+        }
+        // PostgreSQL's text and jsonb cannot hold NUL: a title written with one (`"\0"` in a
+        // string literal) would make the whole inventory unstorable, on every retry.
+        for name in std::iter::once(&mut test.name)
+            .chain(test.display_name.as_mut())
+            .chain(test.suite.iter_mut())
+        {
+            if name.contains('\0') {
+                *name = name.replace('\0', "\u{fffd}");
+            }
         }
         self.tests.push((framework, test));
     }
@@ -301,6 +324,7 @@ pub fn scan_tree(root: &Path, options: &ScanOptions) -> Result<Inventory, ScanEr
         options,
         stats: ScanStats::default(),
         files: Vec::new(),
+        tests: 0,
         js_hints: HashMap::new(),
     };
     walker.walk_dir(root, "", 0)?;
@@ -312,6 +336,8 @@ struct Walker<'a> {
     options: &'a ScanOptions,
     stats: ScanStats,
     files: Vec<FileInventory>,
+    /// The tests in `files`.
+    tests: u64,
     /// Nearest-`package.json` runner per relative directory.
     js_hints: HashMap<String, Option<Framework>>,
 }
@@ -387,7 +413,15 @@ impl Walker<'_> {
         };
         // A scanner bug on one odd file must not fail the whole analysis (and its retries).
         match std::panic::catch_unwind(|| scan_source(rel, kind, &source, fallback)) {
-            Ok(found) => self.files.extend(found),
+            Ok(found) => {
+                self.tests += found.iter().map(|f| f.tests.len() as u64).sum::<u64>();
+                if self.tests > self.options.max_tests {
+                    return Err(ScanError::TooManyTests {
+                        limit: self.options.max_tests,
+                    });
+                }
+                self.files.extend(found);
+            }
             Err(_) => {
                 self.stats.files_unscannable += 1;
                 tracing::error!(path = rel, "a scanner failed on this file; it is left out");

@@ -53,6 +53,14 @@ fn skips_excluded_folders_symlinks_and_oversized_files() {
         scan_tree(root, &capped),
         Err(ScanError::TooManyFiles { limit: 1 })
     ));
+    let few_tests = ScanOptions {
+        max_tests: 0,
+        ..ScanOptions::default()
+    };
+    assert!(matches!(
+        scan_tree(root, &few_tests),
+        Err(ScanError::TooManyTests { limit: 0 })
+    ));
 }
 
 #[test]
