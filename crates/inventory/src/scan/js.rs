@@ -46,7 +46,9 @@ pub(crate) fn detect_framework(toks: &[Token<'_>]) -> Option<Framework> {
     let mut by_global = None;
     for (k, t) in toks.iter().enumerate() {
         match &t.kind {
-            Tok::Str(v) => match v.as_str() {
+            // A module named by an import: `from '…'`, `import '…'`, `require('…')` or
+            // `import('…')`; the same words in any other string (`toBe('mocha')`) say nothing.
+            Tok::Str(v) if is_module_source(toks, k) => match v.as_str() {
                 "vitest" => return Some(Framework::Vitest),
                 "@playwright/test" => return Some(Framework::Playwright),
                 "mocha" => return Some(Framework::Mocha),
@@ -69,6 +71,15 @@ pub(crate) fn detect_framework(toks: &[Token<'_>]) -> Option<Framework> {
         }
     }
     by_global
+}
+
+/// Whether the string at `k` names a module: it follows `from` or `import`, or is the
+/// argument of `require(…)` or `import(…)`.
+fn is_module_source(toks: &[Token<'_>], k: usize) -> bool {
+    let before = |back: usize| k.checked_sub(back).and_then(|i| toks.get(i));
+    before(1).is_some_and(|t| t.is_ident("from") || t.is_ident("import"))
+        || (before(1).is_some_and(|t| t.is_punct(b'('))
+            && before(2).is_some_and(|t| t.is_ident("require") || t.is_ident("import")))
 }
 
 struct OpenSuite {
@@ -456,6 +467,29 @@ test.step('not a test either', () => {});
         assert_eq!(
             names[0],
             ("s\u{fffd}uite".to_owned(), "a\u{fffd}b".to_owned())
+        );
+    }
+
+    /// The runner comes from the file's imports, not from any string that spells a runner.
+    #[test]
+    fn the_runner_is_read_from_imports_only() {
+        let framework = |src: &str| detect_framework(&lex(src, Lang::Js));
+        assert_eq!(
+            framework("it('picks', () => { expect(pick()).toBe('mocha'); });"),
+            None
+        );
+        assert_eq!(
+            framework("import { it } from 'vitest';"),
+            Some(Framework::Vitest)
+        );
+        assert_eq!(framework("import 'mocha';"), Some(Framework::Mocha));
+        assert_eq!(
+            framework("const { test } = require('@playwright/test');"),
+            Some(Framework::Playwright)
+        );
+        assert_eq!(
+            framework("const m = await import('vitest');"),
+            Some(Framework::Vitest)
         );
     }
 }
