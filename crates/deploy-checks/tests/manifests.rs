@@ -591,6 +591,42 @@ fn deployments_have_probes_resources_budgets_graceful_shutdown_and_scaling() {
                 );
             }
         }
+        // The analyzer's checkouts live in /tmp, one per running job: its volume holds as many
+        // of the largest as the pod runs at once (a full emptyDir gets the pod evicted at once,
+        // with no drain).
+        let analyzer = &find("Deployment", "analyzer-worker")["spec"]["template"]["spec"];
+        let size_limit = analyzer["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "tmp")
+            .and_then(|v| v["emptyDir"]["sizeLimit"].as_str())
+            .unwrap_or_else(|| panic!("{overlay}: the analyzer's /tmp has no sizeLimit"));
+        let size_limit: u64 = size_limit
+            .strip_suffix("Gi")
+            .and_then(|n| n.parse::<u64>().ok())
+            .map(|n| n << 30)
+            .unwrap_or_else(|| panic!("{overlay}: sizeLimit {size_limit:?} is not whole Gi"));
+        let jobs: u64 = ["PRIORITY", "DEFAULT", "SCHEDULED"]
+            .iter()
+            .map(|lane| {
+                config(
+                    "fairlane-analyzer-worker",
+                    &format!("ANALYZER_QUEUE_{lane}_WORKERS"),
+                )
+                .parse::<u64>()
+                .unwrap()
+            })
+            .sum();
+        let largest = config_opt("fairlane-analyzer-worker", "ANALYZER_MAX_REPO_BYTES")
+            .map_or(inventory::Limits::default().max_bytes, |b| {
+                b.parse().unwrap()
+            });
+        assert!(
+            size_limit >= jobs * largest,
+            "{overlay}: the analyzer's /tmp ({size_limit} bytes) holds fewer than its {jobs} \
+             jobs' checkouts of up to {largest} bytes"
+        );
         // web: endpoints are removed (preStop) before the drain, and the grace period covers both.
         let web = &find("Deployment", "web")["spec"]["template"]["spec"];
         let pre_stop = web["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
