@@ -1003,7 +1003,7 @@ fn queue_dashboards_are_generated_from_the_template_and_use_the_provisioned_data
 }
 
 #[test]
-fn promtool_accepts_the_prometheus_configs_and_alert_rules() {
+fn promtool_accepts_the_prometheus_configs_and_alert_rules_and_their_unit_tests() {
     let (ok, text) = output(
         "promtool",
         &["check", "config", "deploy/prometheus/prometheus.yml"],
@@ -1018,6 +1018,12 @@ fn promtool_accepts_the_prometheus_configs_and_alert_rules() {
         &["check", "rules", "deploy/prometheus/alerts.yml"],
     );
     assert!(ok, "{text}");
+    // The alerts' unit tests: synthetic series in, the alerts that must (and must not) fire.
+    let (ok, text) = output(
+        "promtool",
+        &["test", "rules", "deploy/prometheus/tests/alerts_test.yml"],
+    );
+    assert!(ok, "promtool test rules:\n{text}");
 
     // Debian's Prometheus is built without Kubernetes service discovery, so its promtool refuses
     // `kubernetes_sd_configs`. Check everything else of kubernetes.yml (relabelling, rule files)
