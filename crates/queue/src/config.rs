@@ -149,6 +149,22 @@ impl EngineConfig {
                 return Err(format!("{} must be greater than zero", name(field)));
             }
         }
+        // Subtracted from or added to the database's clock: far beyond a century the timestamp
+        // is out of range, and every clean-up (all states at once) or every retry would fail.
+        for (field, d) in [
+            ("retention_completed", self.retention_completed),
+            ("retention_cancelled", self.retention_cancelled),
+            ("retention_discarded", self.retention_discarded),
+            ("retry_max", self.retry.max),
+            ("retry_base", self.retry.base),
+        ] {
+            if d > common::config::MAX_DURATION {
+                return Err(format!(
+                    "{} must be at most 100 years, got {d:?}",
+                    name(field)
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -164,6 +180,29 @@ mod tests {
         // A crashed worker's jobs: stale after 20 s, found within 5 s; the 30 s target holds
         // whenever a maintenance leader is in office.
         assert!(c.rescue_after + c.rescue_interval <= Duration::from_secs(30));
+    }
+
+    #[test]
+    fn retentions_and_retry_delays_beyond_a_century_are_refused() {
+        let thousand_years = Duration::from_secs(1000 * 365 * 24 * 3600);
+        let long_retention = EngineConfig {
+            retention_discarded: thousand_years,
+            ..EngineConfig::default()
+        };
+        assert!(
+            long_retention
+                .validate()
+                .unwrap_err()
+                .contains("retention_discarded must be at most 100 years")
+        );
+        let long_retry = EngineConfig {
+            retry: RetryPolicy {
+                max: Duration::MAX,
+                ..RetryPolicy::default()
+            },
+            ..EngineConfig::default()
+        };
+        assert!(long_retry.validate().unwrap_err().contains("retry_max"));
     }
 
     #[test]
