@@ -90,9 +90,12 @@ impl Notifier {
             backoff = Duration::from_millis(50);
             if !first_connect {
                 tracing::info!("notification listener reconnected");
-                self.dispatch_all_missed();
             }
             first_connect = false;
+            // Whatever was sent before LISTEN took effect, on the first connection as after a
+            // reconnect, was missed: a job inserted between a producer's first fetch and this
+            // moment would otherwise wait for the poll interval.
+            self.dispatch_all_missed();
             loop {
                 let next = tokio::select! {
                     () = shutdown.cancelled() => return,

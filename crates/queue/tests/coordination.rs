@@ -1,9 +1,12 @@
-//! Leader election against real PostgreSQL: what a holder's handle tells when a renewal is late.
+//! Coordination through PostgreSQL: leader election and the notification listener: what a holder's
+//! handle tells when a renewal is late, and what the listener tells once it listens.
 
 #![allow(clippy::unwrap_used)]
 
 mod support;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use queue::LeaderElector;
@@ -53,6 +56,45 @@ async fn a_late_renewal_that_restores_leadership_wakes_the_waiters() {
         .unwrap();
     assert!(leader);
     assert!(handle.is_leader());
+    shutdown.cancel();
+    running.await.unwrap();
+}
+
+/// Notifications sent before the listener's LISTEN took effect are lost; the listener tells
+/// every subscriber so once it listens, on its first connection too, so that a producer fetches
+/// again instead of waiting for its poll.
+#[tokio::test]
+async fn the_listener_tells_its_subscribers_what_it_may_have_missed_once_it_listens() {
+    let db = TestDb::new().await;
+    let missed = Arc::new(AtomicUsize::new(0));
+    let mut notifier = Notifier::new();
+    {
+        let missed = Arc::clone(&missed);
+        notifier.subscribe(
+            "some_queue",
+            Arc::new(move |payload: Option<&str>| {
+                if payload.is_none() {
+                    missed.fetch_add(1, Ordering::SeqCst);
+                }
+            }),
+        );
+    }
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(notifier.run(db.pool.clone(), shutdown.clone()));
+    eventually(
+        Duration::from_secs(10),
+        "told of missed notifications",
+        || async { (missed.load(Ordering::SeqCst) >= 1).then_some(()) },
+    )
+    .await;
+    let listening: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity \
+         WHERE datname = current_database() AND query ILIKE 'LISTEN%'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(listening, 1, "told once it listens");
     shutdown.cancel();
     running.await.unwrap();
 }
