@@ -96,6 +96,8 @@ impl NewJob {
         self
     }
 
+    /// Adds a metadata entry. The keys of [`QUEUE_METADATA_KEYS`] are the queue's own, and
+    /// refused by [`NewJob::validate`].
     pub fn metadata(mut self, key: impl Into<String>, value: Value) -> Self {
         self.metadata.insert(key.into(), value);
         self
@@ -119,7 +121,10 @@ impl NewJob {
         }
         match self.args.get("user_id") {
             None | Some(Value::Null) => {}
-            Some(Value::String(id)) if uuid::Uuid::parse_str(id).is_ok() => {}
+            // PostgreSQL's uuid takes every form `Uuid` parses but the `urn:uuid:` one.
+            Some(Value::String(id))
+                if uuid::Uuid::parse_str(id).is_ok()
+                    && !id.get(..4).is_some_and(|p| p.eq_ignore_ascii_case("urn:")) => {}
             Some(other) => {
                 return bad(format!(
                     "args.user_id of `{}` must be a user's UUID, got {other}",
@@ -146,9 +151,23 @@ impl NewJob {
                 "unique key must be 1 to {MAX_UNIQUE_KEY_LEN} bytes long"
             ));
         }
+        if let Some(key) = QUEUE_METADATA_KEYS
+            .iter()
+            .find(|k| self.metadata.contains_key(**k))
+        {
+            return bad(format!(
+                "metadata key `{key}` of `{}` is the queue's own (it counts snoozes and records \
+                 cancel requests); choose another name",
+                self.kind
+            ));
+        }
         Ok(())
     }
 }
+
+/// Metadata keys the queue writes and reads itself: a job inserted with one would have its
+/// snoozes fail to count (and use up attempts), or be taken for cancelled from the start.
+pub const QUEUE_METADATA_KEYS: [&str; 3] = ["snoozes", "cancel_attempted_at", "cancel_reason"];
 
 fn json_type(v: &Value) -> &'static str {
     match v {

@@ -262,6 +262,32 @@ async fn invalid_jobs_are_refused_before_touching_the_database() {
     let bad = NewJob::new(q("a"), &Noop {}).unwrap().priority(9);
     let err = client.insert(bad).await.unwrap_err();
     assert!(err.to_string().contains("priority"), "{err}");
+    // The queue's own metadata keys, whichever insert path.
+    for key in queue::insert::QUEUE_METADATA_KEYS {
+        let bad = NewJob::new(q("a"), &Noop {})
+            .unwrap()
+            .metadata(key, serde_json::json!("x"));
+        let err = client.insert(bad.clone()).await.unwrap_err();
+        assert!(
+            err.to_string().contains(&format!("metadata key `{key}`")),
+            "{err}"
+        );
+        let err = client.insert_bulk(&[bad]).await.unwrap_err();
+        assert!(err.to_string().contains(key), "{err}");
+    }
+    // A user id in the one form PostgreSQL's uuid does not take.
+    let err = NewJob::from_json(
+        "x",
+        q("a"),
+        serde_json::json!({"user_id": "urn:uuid:7d6f0a48-1f5e-4f3e-9d7e-0c6c1e4f7b10"}),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("must be a user's UUID"), "{err}");
+    let count: i64 = sqlx::query_scalar("SELECT count(*) FROM fairlane_job")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(count, 0, "nothing written");
 }
 
 #[tokio::test]
