@@ -263,7 +263,7 @@ async fn invalid_jobs_are_refused_before_touching_the_database() {
     let err = client.insert(bad).await.unwrap_err();
     assert!(err.to_string().contains("priority"), "{err}");
     // The queue's own metadata keys, whichever insert path.
-    for key in queue::insert::QUEUE_METADATA_KEYS {
+    for key in insert::QUEUE_METADATA_KEYS {
         let bad = NewJob::new(q("a"), &Noop {})
             .unwrap()
             .metadata(key, serde_json::json!("x"));
