@@ -2,14 +2,19 @@
 //! no timer, so hyper drops its header-read timeout and a client that sends a byte of headers now
 //! and then holds a connection (and its task) for as long as it likes; and it accepts without
 //! limit. Here every connection must deliver a request's headers within `header_read_timeout`
-//! (also when idle between keep-alive requests), at most `max_connections` are open at once (the
-//! next waits in the kernel's backlog), and shutdown stops accepting, lets each connection finish
-//! the request it is serving within `drain_timeout` (a client still sending headers is not waited
-//! for longer), and waits for them.
+//! (also when idle between keep-alive requests), and must take what it is sent: a response whose
+//! writing makes no progress for `header_read_timeout` (a client that stopped reading, its
+//! window shut) closes the connection, where hyper alone would wait on the socket for ever. At
+//! most `max_connections` are open at once (the next waits in the kernel's backlog), and shutdown
+//! stops accepting, lets each connection finish the request it is serving within `drain_timeout`
+//! (a client still sending headers is not waited for longer), and waits for them.
 
 use std::convert::Infallible;
+use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
@@ -17,8 +22,10 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tokio::time::Sleep;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
@@ -82,7 +89,10 @@ pub async fn serve(
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_read_timeout)
-                .serve_connection(TokioIo::new(stream), service);
+                .serve_connection(
+                    TokioIo::new(StalledWritesEnd::new(stream, limits.header_read_timeout)),
+                    service,
+                );
             let mut connection = std::pin::pin!(connection);
             tokio::select! {
                 served = connection.as_mut() => log_end(served, peer),
@@ -104,5 +114,90 @@ pub async fn serve(
 fn log_end(served: Result<(), hyper::Error>, peer: SocketAddr) {
     if let Err(e) = served {
         tracing::debug!(error = %e, %peer, "connection ended with an error");
+    }
+}
+
+/// A connection's socket whose writes fail with `TimedOut` once one has waited `bound` without
+/// any progress: the client stopped reading. Reads pass through (hyper times those itself).
+struct StalledWritesEnd<S> {
+    inner: S,
+    bound: Duration,
+    /// Set while a write waits on the socket; cleared by any progress.
+    stalled_since: Option<Pin<Box<Sleep>>>,
+}
+
+impl<S> StalledWritesEnd<S> {
+    fn new(inner: S, bound: Duration) -> Self {
+        StalledWritesEnd {
+            inner,
+            bound,
+            stalled_since: None,
+        }
+    }
+
+    /// What a write that returned `polled` means, with the stall timer kept up to date.
+    fn watch<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if polled.is_ready() {
+            self.stalled_since = None;
+            return polled;
+        }
+        let bound = self.bound;
+        let timer = self
+            .stalled_since
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(bound)));
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "the client took nothing of the response within the bound",
+            ))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for StalledWritesEnd<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for StalledWritesEnd<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.watch(cx, polled)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.watch(cx, polled)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let polled = Pin::new(&mut self.inner).poll_flush(cx);
+        self.watch(cx, polled)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }

@@ -1,5 +1,5 @@
-//! The accept loop against raw sockets: a client that trickles its headers, or sends none, is
-//! disconnected at `HTTP_HEADER_READ_TIMEOUT`; at most `HTTP_MAX_CONNECTIONS` are served at once,
+//! The accept loop against raw sockets: a client that trickles its headers, sends none, or stops
+//! reading its responses is disconnected at `HTTP_HEADER_READ_TIMEOUT`; at most `HTTP_MAX_CONNECTIONS` are served at once,
 //! and the next is served as soon as one closes; shutdown waits for a client still sending headers
 //! no longer than `HTTP_REQUEST_TIMEOUT`.
 
@@ -130,4 +130,40 @@ async fn shutdown_does_not_wait_for_a_client_still_sending_headers() {
     let took = began.elapsed();
     assert!(took < Duration::from_secs(5), "shutdown took {took:?}");
     read_to_close(&mut slow, Duration::from_secs(5)).await;
+}
+
+/// A client that asks for responses and never reads them shuts its window; the server's write
+/// then waits on the socket. Such a connection is closed once a write has made no progress for
+/// the header timeout, so it cannot hold a connection slot for ever.
+#[tokio::test]
+async fn a_client_that_stops_reading_is_disconnected_and_frees_its_slot() {
+    let db = TestDb::new().await;
+    let mut config = config(&db);
+    config.http_header_read_timeout = Duration::from_secs(1);
+    config.http_max_connections = 1;
+    let s = TestServer::start(config).await;
+
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stuck = socket.connect(s.addr).await.unwrap();
+    let request = b"GET /openapi.json HTTP/1.1\r\nHost: fairlane\r\n\r\n";
+    let mut pipelined = Vec::new();
+    for _ in 0..400 {
+        pipelined.extend_from_slice(request);
+    }
+    stuck.write_all(&pipelined).await.unwrap();
+
+    // The only slot is the stuck client's until the server gives up on it.
+    let began = Instant::now();
+    let mut next = TcpStream::connect(s.addr).await.unwrap();
+    next.write_all(PROBE).await.unwrap();
+    let line = status_line(&mut next, Duration::from_secs(30)).await;
+    assert_eq!(
+        line.as_deref(),
+        Some("HTTP/1.1 200 OK"),
+        "after {:?}",
+        began.elapsed()
+    );
+    drop(stuck);
+    s.stop().await;
 }
