@@ -138,6 +138,16 @@ impl WebConfig {
                 token.chars().count()
             ));
         }
+        // A bearer token travels as visible ASCII and is trimmed on arrival: a token with a
+        // space, a line break (`--from-file` of `openssl rand -hex 32`'s output) or any other
+        // character could never be presented, and every admin call would be 401.
+        if let Some(token) = &self.admin_token
+            && let Some(bad) = token.chars().find(|c| !c.is_ascii_graphic())
+        {
+            return Err(format!(
+                "ADMIN_TOKEN may hold only visible ASCII characters (no spaces or line breaks);                  it holds {bad:?}"
+            ));
+        }
         self.check_connections()?;
         for (name, d) in [
             ("HTTP_REQUEST_TIMEOUT", self.http_request_timeout),
@@ -275,6 +285,14 @@ mod tests {
             e.starts_with("ADMIN_TOKEN must be at least 16 characters (it has 15)"),
             "{e}"
         );
+        for unusable in ["0123456789abcdef\n", " 0123456789abcdef", "pässwort-lang-genug"] {
+            let c = WebConfig::load_from(None, env(&[("ADMIN_TOKEN", unusable)])).unwrap();
+            let e = c.validate().unwrap_err();
+            assert!(
+                e.starts_with("ADMIN_TOKEN may hold only visible ASCII characters"),
+                "{unusable:?}: {e}"
+            );
+        }
         let c = WebConfig::load_from(None, env(&[("ADMIN_TOKEN", "")])).unwrap();
         assert_eq!(c.admin_token, None);
         c.validate().unwrap();
