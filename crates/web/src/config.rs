@@ -285,7 +285,11 @@ mod tests {
             e.starts_with("ADMIN_TOKEN must be at least 16 characters (it has 15)"),
             "{e}"
         );
-        for unusable in ["0123456789abcdef\n", " 0123456789abcdef", "pässwort-lang-genug"] {
+        for unusable in [
+            "0123456789abcdef\n",
+            " 0123456789abcdef",
+            "pässwort-lang-genug",
+        ] {
             let c = WebConfig::load_from(None, env(&[("ADMIN_TOKEN", unusable)])).unwrap();
             let e = c.validate().unwrap_err();
             assert!(

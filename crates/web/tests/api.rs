@@ -1096,7 +1096,13 @@ async fn specviews_need_a_completed_analysis_and_serve_markdown() {
     assert_eq!(usage["usage"][1]["limit"], 5);
 
     let path = format!("/v1/specviews/{specview}");
-    let view = s.http.get(&path, &key).await.json();
+    let json = s.http.get(&path, &key).await;
+    assert_eq!(
+        json.header("vary"),
+        Some("accept"),
+        "the representation varies"
+    );
+    let view = json.json();
     assert_eq!(view["state"], "pending");
     let auth = format!("Bearer {key}");
     let md_headers = [
@@ -1120,6 +1126,7 @@ async fn specviews_need_a_completed_analysis_and_serve_markdown() {
         md.header("content-type"),
         Some("text/markdown; charset=utf-8")
     );
+    assert_eq!(md.header("vary"), Some("accept"));
     assert_eq!(md.text(), "# Spec");
     s.http.get(&path, &other).await.problem(404, "not_found");
     // The free tier's five specviews: four more fit, the sixth does not.

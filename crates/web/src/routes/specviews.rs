@@ -126,7 +126,15 @@ fn wants_markdown(headers: &HeaderMap) -> bool {
         let weight = parts
             .filter_map(|p| p.split_once('='))
             .find(|(k, _)| k.trim().eq_ignore_ascii_case("q"))
-            .map_or(1.0, |(_, v)| v.trim().parse::<f32>().unwrap_or(0.0));
+            // A weight outside 0–1 (`q=2`, `q=inf`) is not one (RFC 9110 §12.4.2): not
+            // acceptable, rather than preferred.
+            .map_or(1.0, |(_, v)| {
+                v.trim()
+                    .parse::<f32>()
+                    .ok()
+                    .filter(|q| (0.0..=1.0).contains(q))
+                    .unwrap_or(0.0)
+            });
         let specificity = match media.as_str() {
             "text/markdown" => {
                 markdown.get_or_insert(weight);
@@ -167,6 +175,25 @@ pub async fn get(
     user: AuthUser,
     headers: HeaderMap,
     IdPath(id): IdPath,
+) -> Response {
+    // The representation depends on `Accept`: a cache in front must not hand one client's
+    // Markdown to another that asked for JSON (RFC 9110 §12.5.5).
+    let mut response = match representation(&state, &user, &headers, &id).await {
+        Ok(response) => response,
+        Err(problem) => problem.into_response(),
+    };
+    response
+        .headers_mut()
+        .insert(http::header::VARY, HeaderValue::from_static("accept"));
+    response
+}
+
+/// The specview `id` of `user`, as `headers` ask for it.
+async fn representation(
+    state: &AppState,
+    user: &AuthUser,
+    headers: &HeaderMap,
+    id: &str,
 ) -> Result<Response, Problem> {
     let not_found = || Problem::not_found(format!("no specview `{id}`"));
     let Ok(specview_id) = id.parse::<Uuid>() else {
@@ -179,7 +206,7 @@ pub async fn get(
         .fetch_optional(&state.pool)
         .await?;
     let view = row.ok_or_else(not_found)?;
-    if wants_markdown(&headers) {
+    if wants_markdown(headers) {
         let Some(markdown) = view.markdown else {
             return Err(Problem::conflict(format!(
                 "specview `{id}` has no Markdown yet (it is {})",
@@ -231,6 +258,8 @@ mod tests {
             "text/markdown;q=0.5, */*",
             "text/markdown;q=0.5, application/*;q=0.9",
             "text/markdown;q=nonsense",
+            "application/json, text/markdown;q=2",
+            "text/markdown;q=inf, application/json;q=0.1",
         ] {
             accept(&mut h, json);
             assert!(!wants_markdown(&h), "{json}");
