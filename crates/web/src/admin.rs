@@ -139,6 +139,13 @@ pub async fn issue_key(pool: &PgPool, user_id: Uuid) -> Result<IssuedKeyView, Ad
 /// the form [`keys::is_id`] names no key and is not looked up (it could hold a NUL, which
 /// PostgreSQL would refuse).
 pub async fn revoke_key(pool: &PgPool, key_id: &str) -> Result<RevokedKeyView, AdminError> {
+    // A whole key (id and secret) is refused with what to pass instead, and never echoed: "no
+    // API key" would read as if the leaked key were harmless while it stays in force.
+    if let Some(id) = keys::parse_id(key_id) {
+        return Err(AdminError::Invalid(format!(
+            "that is a whole API key, secret included; pass its id `{id}` to revoke it"
+        )));
+    }
     let not_found = || AdminError::NotFound(format!("no API key `{}`", key_id.escape_debug()));
     if !keys::is_id(key_id) {
         return Err(not_found());
@@ -190,5 +197,20 @@ mod tests {
         .unwrap();
         assert_eq!((users, revoked), (1, 0));
         revoke_key(&db.pool, &issued.key_id).await.unwrap();
+    }
+
+    /// An operator who pastes the whole leaked key is told to pass its id, and the secret is
+    /// not repeated back.
+    #[tokio::test]
+    async fn revoking_by_the_whole_key_names_the_id_to_pass() {
+        let db = testkit::TestDb::new().await;
+        let user = create_user(&db.pool, "Ada", Tier::Free).await.unwrap();
+        let issued = issue_key(&db.pool, user.id).await.unwrap();
+        let e = revoke_key(&db.pool, &issued.key).await.unwrap_err();
+        let AdminError::Invalid(message) = &e else {
+            panic!("{e:?}");
+        };
+        assert!(message.contains(&format!("`{}`", issued.key_id)), "{message}");
+        assert!(!message.contains(&issued.key), "the secret is echoed: {message}");
     }
 }
