@@ -210,7 +210,13 @@ mod tests {
         let AdminError::Invalid(message) = &e else {
             panic!("{e:?}");
         };
-        assert!(message.contains(&format!("`{}`", issued.key_id)), "{message}");
-        assert!(!message.contains(&issued.key), "the secret is echoed: {message}");
+        assert!(
+            message.contains(&format!("`{}`", issued.key_id)),
+            "{message}"
+        );
+        assert!(
+            !message.contains(&issued.key),
+            "the secret is echoed: {message}"
+        );
     }
 }

@@ -203,6 +203,35 @@ impl WebConfig {
         if self.database_max_connections == 0 {
             return Err("DATABASE_MAX_CONNECTIONS must be at least 1, got 0".to_owned());
         }
+        // Read here, before telemetry starts or anything connects, so a typo is one line on
+        // stderr; the URL itself is not repeated (it can hold a password).
+        if !["postgres://", "postgresql://"]
+            .iter()
+            .any(|scheme| self.database_url.starts_with(scheme))
+        {
+            return Err(
+                "DATABASE_URL is not a PostgreSQL URL: it must start with postgres:// or \
+                 postgresql://"
+                    .to_owned(),
+            );
+        }
+        if let Err(e) = self
+            .database_url
+            .parse::<sqlx::postgres::PgConnectOptions>()
+        {
+            return Err(format!("DATABASE_URL is not a PostgreSQL URL: {e}"));
+        }
+        let port = self
+            .http_addr
+            .rsplit_once(':')
+            .and_then(|(host, port)| (!host.is_empty()).then_some(port))
+            .and_then(|port| port.parse::<u16>().ok());
+        if port.is_none() {
+            return Err(format!(
+                "HTTP_ADDR must be host:port (e.g. 0.0.0.0:8080), got `{}`",
+                self.http_addr.escape_debug()
+            ));
+        }
         Ok(())
     }
 
@@ -275,6 +304,37 @@ mod tests {
         assert_eq!(c.quota.quota_reservation_ttl, Duration::from_secs(7200));
         assert_eq!(c.telemetry.rust_log, "debug");
         c.validate().unwrap();
+    }
+
+    #[test]
+    fn a_database_url_or_http_addr_that_cannot_be_used_is_refused_before_anything_starts() {
+        let refused = |name: &str, value: &str| {
+            WebConfig::load_from(None, env(&[(name, value)]))
+                .unwrap()
+                .validate()
+                .unwrap_err()
+        };
+        for url in [
+            "mysql://user:s3cret@db/x",
+            "postgres://user:s3cret@db:notaport/x",
+        ] {
+            let e = refused("DATABASE_URL", url);
+            assert!(
+                e.starts_with("DATABASE_URL is not a PostgreSQL URL"),
+                "{url}: {e}"
+            );
+            assert!(!e.contains("s3cret"), "the URL's password is repeated: {e}");
+        }
+        for addr in ["garbage", ":8080", "0.0.0.0:http", "0.0.0.0:70000"] {
+            let e = refused("HTTP_ADDR", addr);
+            assert!(e.starts_with("HTTP_ADDR must be host:port"), "{addr}: {e}");
+        }
+        for addr in ["127.0.0.1:0", "[::1]:8080", "localhost:8080"] {
+            WebConfig::load_from(None, env(&[("HTTP_ADDR", addr)]))
+                .unwrap()
+                .validate()
+                .unwrap();
+        }
     }
 
     #[test]
