@@ -106,14 +106,19 @@ impl AnalysisWorker {
             )));
         }
 
-        let options = limits.scan_options();
+        let cap = self.settings.analyzer_scan_timeout;
+        let options = inventory::ScanOptions {
+            // The scan stops by itself at the cap, so its thread and checkout do not outlive
+            // the job that gave up on it.
+            deadline: Some(std::time::Instant::now() + cap),
+            ..limits.scan_options()
+        };
         let scan = tokio::task::spawn_blocking(move || {
             let result = inventory::scan_tree(checkout.path(), &options);
             // The folder is removed here, off the async workers, once the scan is done with it.
             drop(checkout);
             result
         });
-        let cap = self.settings.analyzer_scan_timeout;
         let inventory = match tokio::time::timeout(cap, scan).await {
             Err(_) => {
                 return Err(JobError::Cancel(format!(
@@ -207,7 +212,7 @@ fn fetch_failure(e: FetchError) -> JobError {
 
 fn scan_failure(e: ScanError) -> JobError {
     match e {
-        ScanError::TooManyFiles { .. } | ScanError::TooManyTests { .. } => {
+        ScanError::TooManyFiles { .. } | ScanError::TooManyTests { .. } | ScanError::TimedOut => {
             JobError::Cancel(e.to_string())
         }
         ScanError::Io { .. } => JobError::Failed(Box::new(e)),

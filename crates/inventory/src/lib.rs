@@ -58,9 +58,11 @@ impl AnalyzeError {
         match self {
             AnalyzeError::Refused(_) => true,
             AnalyzeError::Fetch(e) => e.is_permanent(),
-            AnalyzeError::Scan(ScanError::TooManyFiles { .. } | ScanError::TooManyTests { .. }) => {
-                true
-            }
+            AnalyzeError::Scan(
+                ScanError::TooManyFiles { .. }
+                | ScanError::TooManyTests { .. }
+                | ScanError::TimedOut,
+            ) => true,
             AnalyzeError::Scan(ScanError::Io { .. }) => false,
         }
     }

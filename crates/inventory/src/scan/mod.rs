@@ -54,6 +54,9 @@ pub struct ScanOptions {
     /// The walk stops with [`ScanError::TooManyTests`] once the files scanned hold more tests:
     /// an inventory must fit a database row, and a worker's memory, whatever the repository.
     pub max_tests: u64,
+    /// The walk stops with [`ScanError::TimedOut`] at the first file it reaches after this: a
+    /// caller that gave up waiting (its job timed out) does not leave a thread scanning on.
+    pub deadline: Option<std::time::Instant>,
 }
 
 impl Default for ScanOptions {
@@ -63,6 +66,7 @@ impl Default for ScanOptions {
             max_files: 200_000,
             max_depth: 64,
             max_tests: MAX_TESTS_PER_REPOSITORY,
+            deadline: None,
         }
     }
 }
@@ -91,6 +95,9 @@ pub enum ScanError {
         /// The cap.
         limit: u64,
     },
+    /// The scan passed its [`ScanOptions::deadline`].
+    #[error("scanning the tree for tests took longer than allowed")]
+    TimedOut,
 }
 
 /// The most tests one inventory holds (about 100 MB as JSON at the longest names).
@@ -395,6 +402,13 @@ impl Walker<'_> {
         let Some(kind) = SourceKind::of_path(rel) else {
             return Ok(());
         };
+        if self
+            .options
+            .deadline
+            .is_some_and(|deadline| std::time::Instant::now() >= deadline)
+        {
+            return Err(ScanError::TimedOut);
+        }
         let len = fs::symlink_metadata(path)
             .map_err(|e| io_error(rel, e))?
             .len();

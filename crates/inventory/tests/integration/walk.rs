@@ -61,6 +61,14 @@ fn skips_excluded_folders_symlinks_and_oversized_files() {
         scan_tree(root, &few_tests),
         Err(ScanError::TooManyTests { limit: 0 })
     ));
+    let past_deadline = ScanOptions {
+        deadline: Some(std::time::Instant::now()),
+        ..ScanOptions::default()
+    };
+    assert!(matches!(
+        scan_tree(root, &past_deadline),
+        Err(ScanError::TimedOut)
+    ));
 }
 
 #[test]
