@@ -782,14 +782,18 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn only_gits_own_shortage_of_memory_is_out_of_memory() {
+    /// A git that exited 128 having said `stderr`, under a 1 GiB memory cap.
+    fn failed(stderr: &str) -> GitOutput {
         use std::os::unix::process::ExitStatusExt;
-        let failed = |stderr: &str| GitOutput {
+        GitOutput {
             status: std::process::ExitStatus::from_raw(128 << 8),
             stderr: stderr.to_owned(),
             memory_cap: 1 << 30,
-        };
+        }
+    }
+
+    #[test]
+    fn only_gits_own_shortage_of_memory_is_out_of_memory() {
         let ours = failed(
             "fatal: Out of memory, malloc failed (tried to allocate 300000001 bytes)\n\
              fatal: fetch-pack: invalid index-pack output",
@@ -819,12 +823,6 @@ mod tests {
 
     #[test]
     fn failures_that_cannot_pass_are_told_apart_from_the_networks() {
-        use std::os::unix::process::ExitStatusExt;
-        let failed = |stderr: &str| GitOutput {
-            status: std::process::ExitStatus::from_raw(128 << 8),
-            stderr: stderr.to_owned(),
-            memory_cap: 1 << 30,
-        };
         // A plain 404 of a git-http-backend host.
         let gone = failed("fatal: repository 'https://git.example.org/o/r/' not found");
         assert!(matches!(
