@@ -19,8 +19,11 @@ use crate::{say, workspace_root};
 
 const LOCAL_PG: &str = "postgres://postgres@127.0.0.1:5432/postgres";
 const LOCAL_REDIS: &str = "redis://127.0.0.1:6379";
-const PRIVATE_PG_PORT: u16 = 55432;
-const PRIVATE_REDIS_PORT: u16 = 56379;
+// Below Linux's ephemeral range (32768–60999 by default): a port in it can be held for a minute
+// by a client socket in TIME-WAIT (the tests' own connections to 5432), and a private server
+// then fails to bind, or a test's stand-in listener to take the port.
+const PRIVATE_PG_PORT: u16 = 25432;
+const PRIVATE_REDIS_PORT: u16 = 26379;
 
 /// How the private PostgreSQL should trade durability for speed.
 #[derive(Clone, Copy, PartialEq, Eq)]

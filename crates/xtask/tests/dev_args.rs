@@ -135,7 +135,7 @@ fn an_empty_database_url_is_unset() {
     // Something answers on the private server's port (this listener, or a private server
     // already running), so dev takes that path without initdb; the stand-in psql keeps it from
     // touching whatever answers.
-    let _listener = std::net::TcpListener::bind("127.0.0.1:55432");
+    let _listener = std::net::TcpListener::bind("127.0.0.1:25432");
     let out = dev(&dir, &["--port", &spare_port()], &[("DATABASE_URL", "")]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
@@ -144,7 +144,7 @@ fn an_empty_database_url_is_unset() {
         "{stderr}"
     );
     let psql = std::fs::read_to_string(dir.join("psql.called")).expect("dev never ran psql");
-    assert!(psql.contains("127.0.0.1:55432"), "{psql}");
+    assert!(psql.contains("127.0.0.1:25432"), "{psql}");
     assert!(
         !dir.join("cargo.called").exists(),
         "dev went on with the empty DATABASE_URL"
