@@ -192,9 +192,10 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for StalledWritesEnd<S> {
         self.inner.is_write_vectored()
     }
 
+    /// Passed through: a socket's flush is done at once and says nothing of the client's
+    /// progress, so it must not reset a write's stall.
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let polled = Pin::new(&mut self.inner).poll_flush(cx);
-        self.watch(cx, polled)
+        Pin::new(&mut self.inner).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
