@@ -7,7 +7,10 @@
 pub mod bench;
 pub mod git_fixture;
 pub mod plan;
+pub mod poll;
 pub mod process;
+
+pub use poll::eventually;
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};

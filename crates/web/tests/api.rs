@@ -919,18 +919,10 @@ async fn reserved_units_become_used_exactly_once_when_jobs_complete() {
         .unwrap();
     let shutdown = CancellationToken::new();
     let handle = tokio::spawn(engine.run(shutdown.clone()));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let done = count(&db.pool, "fairlane_job WHERE state = 'completed'").await;
-        if done == 3 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{done} of 3 completed"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    testkit::eventually(Duration::from_secs(30), "the 3 jobs completed", || async {
+        (count(&db.pool, "fairlane_job WHERE state = 'completed'").await == 3).then_some(())
+    })
+    .await;
     shutdown.cancel();
     handle.await.unwrap().unwrap();
     let usage = s.http.get("/v1/usage", &key).await.json();
@@ -1204,11 +1196,10 @@ async fn branch_resolves_run_at_most_resolve_concurrency_at_once() {
 
     let first = post(stalled.path());
     let stalled_name = stalled.path().display().to_string();
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while testkit::git_fixture::processes_mentioning(&stalled_name).is_empty() {
-        assert!(std::time::Instant::now() < deadline, "git never started");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    testkit::eventually(Duration::from_secs(10), "git to start", || async {
+        (!testkit::git_fixture::processes_mentioning(&stalled_name).is_empty()).then_some(())
+    })
+    .await;
     let second = post(fine.path());
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!second.is_finished(), "the second resolve did not wait");

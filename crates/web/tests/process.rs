@@ -50,8 +50,7 @@ async fn sigterm_finishes_the_request_in_flight_and_exits_zero() {
         })
     };
     // Wait until the request is waiting for the lock.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
+    testkit::eventually(Duration::from_secs(10), "the request to block", || async {
         let (waiting,): (i64,) = sqlx::query_as(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
              AND wait_event_type = 'Lock'",
@@ -59,29 +58,22 @@ async fn sigterm_finishes_the_request_in_flight_and_exits_zero() {
         .fetch_one(&db.pool)
         .await
         .unwrap();
-        if waiting > 0 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the request never blocked"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        (waiting > 0).then_some(())
+    })
+    .await;
     child.signal(nix::sys::signal::Signal::SIGTERM);
     // New connections stop being accepted, while web waits for the request in flight.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while http
-        .try_send(Method::GET, "/healthz", &[], None)
-        .await
-        .is_ok()
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "web still accepts connections 10 s after SIGTERM"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    testkit::eventually(
+        Duration::from_secs(10),
+        "web to stop accepting connections after SIGTERM",
+        || async {
+            http.try_send(Method::GET, "/healthz", &[], None)
+                .await
+                .is_err()
+                .then_some(())
+        },
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         child.is_running(),

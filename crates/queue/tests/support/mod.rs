@@ -2,7 +2,6 @@
 
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
-use std::future::Future;
 use std::time::Duration;
 
 use queue::{Client, Engine, EngineConfig, QueueName, RetryPolicy, Workers};
@@ -81,24 +80,7 @@ pub fn start(
     }
 }
 
-/// Polls `check` until it returns `Some`, or panics after `timeout` with `what`.
-pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+pub use testkit::eventually;
 
 /// Waits until a session of the test database is listening for notifications (the engine's
 /// notifier), so that a wake-up sent from now on reaches it; then lets the producers go idle.

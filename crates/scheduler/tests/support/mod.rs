@@ -5,7 +5,6 @@
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -207,24 +206,7 @@ fn split_labels(s: &str) -> Vec<&str> {
     parts
 }
 
-/// Polls `check` until it returns `Some`, or panics after `timeout` with `what`.
-pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+pub use testkit::eventually;
 
 /// One claimed tick.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
