@@ -34,8 +34,10 @@
 //! when parameterized, then `_(skipped)_`, `_(focused)_` or `_(to do)_`. The parenthesis of the
 //! summary lists only non-zero counts and is left out when all are zero ("1 behaviour in 1 file.").
 //! An empty inventory renders "No tests found." under the heading. Markdown-significant
-//! characters in titles are backslash-escaped; indentation is two spaces per level; the text ends
-//! with exactly one newline.
+//! characters in titles are backslash-escaped (`&` and `~` included), and so is a start Markdown
+//! would read as structure (`-`, `+`, `=`, `1.`, `2)`); control characters show as spaces and an
+//! empty title as `(untitled)`; indentation is two spaces per level; the text ends with exactly
+//! one newline.
 
 use serde::{Deserialize, Serialize};
 
@@ -186,11 +188,11 @@ fn render_node(out: &mut String, node: &SpecNode, depth: usize) {
     match node.kind {
         NodeKind::Suite => {
             out.push_str("**");
-            out.push_str(&escape_markdown(&node.title));
+            out.push_str(&item_text(&node.title));
             out.push_str("**");
         }
         NodeKind::Behaviour => {
-            out.push_str(&escape_markdown(&node.title));
+            out.push_str(&item_text(&node.title));
             if node.parameterized {
                 out.push_str(" _(each case)_");
             }
@@ -352,18 +354,43 @@ fn readable_word(word: &str) -> String {
     }
 }
 
+/// `text` with every character that means something inline backslash-escaped (`&` too, or an
+/// entity such as `&amp;` in a test's name would show as `&`), and control characters (a line
+/// break ends the list item) shown as spaces.
 fn escape_markdown(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
+        if c.is_control() {
+            out.push(' ');
+            continue;
+        }
         if matches!(
             c,
-            '\\' | '`' | '*' | '_' | '[' | ']' | '<' | '>' | '#' | '|'
+            '\\' | '`' | '*' | '_' | '[' | ']' | '<' | '>' | '#' | '|' | '&' | '~'
         ) {
             out.push('\\');
         }
         out.push(c);
     }
     out
+}
+
+/// A list item's text: [`escape_markdown`], and a start that Markdown would read as structure
+/// made plain: `-`, `+` or `=` (a nested list, a rule, a heading underline) and `1.` or `2)` (an
+/// ordered list) are escaped, and an empty title is `(untitled)`.
+fn item_text(title: &str) -> String {
+    let escaped = escape_markdown(title.trim_start());
+    if escaped.is_empty() {
+        return "(untitled)".to_owned();
+    }
+    if escaped.starts_with(['-', '+', '=']) {
+        return format!("\\{escaped}");
+    }
+    let digits = escaped.bytes().take_while(u8::is_ascii_digit).count();
+    if (1..=9).contains(&digits) && escaped[digits..].starts_with(['.', ')']) {
+        return format!("{}\\{}", &escaped[..digits], &escaped[digits..]);
+    }
+    escaped
 }
 
 /// `text` as an inline code span that nothing in it can end: fenced by one backtick more than
@@ -437,6 +464,36 @@ mod tests {
         );
         // A line break cannot end the heading.
         assert_eq!(code_span("a\n## b\r.test.js"), "`a ## b .test.js`");
+        // An entity stays the text the test's name holds.
+        assert_eq!(
+            escape_markdown("escapes & to &amp; ~~x~~"),
+            "escapes \\& to \\&amp; \\~\\~x\\~\\~"
+        );
+    }
+
+    /// A list item's text never starts what Markdown reads as structure: a rule, a nested list,
+    /// an ordered list; nor ends its item early with a line break.
+    #[test]
+    fn item_texts_start_as_text() {
+        let cases = [
+            ("--", "\\--"),
+            ("---", "\\---"),
+            ("- removes item", "\\- removes item"),
+            ("+ x", "\\+ x"),
+            ("=== heading?", "\\=== heading?"),
+            ("1. Login", "1\\. Login"),
+            ("2) step", "2\\) step"),
+            ("2024 report", "2024 report"),
+            ("12345678901. too long to be a list", "12345678901. too long to be a list"),
+            ("", "(untitled)"),
+            ("   ", "(untitled)"),
+            ("line\nbreak", "line break"),
+            ("~~~", "\\~\\~\\~"),
+            ("plain words", "plain words"),
+        ];
+        for (title, want) in cases {
+            assert_eq!(item_text(title), want, "{title:?}");
+        }
     }
 
     #[test]
