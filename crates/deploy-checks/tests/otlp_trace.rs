@@ -48,13 +48,24 @@ async fn heavy_a_request_and_the_job_it_enqueued_share_one_trace_across_processe
         .unwrap();
     let key = web::admin::issue_key(&db.pool, user.id).await.unwrap().key;
     let (repository, commit) = support::fixture_repository(&temp_dir("trace-repo"));
+    // The client names the trace and says "not sampled": the trace id is kept, for
+    // correlation, but the request and its job are recorded all the same.
+    let client_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let auth = format!("Bearer {key}");
+    let client_parent = format!("00-{client_trace}-00f067aa0ba902b7-00");
     let response = http
-        .post_json(
+        .try_send(
+            http::Method::POST,
             &format!("{web}/v1/analyses"),
-            &key,
-            &json!({"repository": repository, "ref": commit}),
+            &[
+                ("authorization", &auth),
+                ("content-type", "application/json"),
+                ("traceparent", &client_parent),
+            ],
+            serde_json::to_vec(&json!({"repository": repository, "ref": commit})).unwrap(),
         )
-        .await;
+        .await
+        .unwrap();
     assert_eq!(response.status, 202, "{}", response.text());
     let job_id = response.json()["job"]["id"].as_i64().unwrap();
     let traceparent: String = sqlx::query_scalar(
@@ -66,6 +77,8 @@ async fn heavy_a_request_and_the_job_it_enqueued_share_one_trace_across_processe
     .unwrap();
     let parts: Vec<&str> = traceparent.split('-').collect();
     let (trace_id, enqueuing_span) = (parts[1].to_owned(), parts[2].to_owned());
+    assert_eq!(trace_id, client_trace, "the caller's trace is continued");
+    assert_eq!(parts[3], "01", "and recorded: {traceparent}");
 
     let in_trace = |r: &OtlpReceiver, service: &str| -> Vec<ReceivedSpan> {
         r.spans()

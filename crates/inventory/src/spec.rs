@@ -484,7 +484,10 @@ mod tests {
             ("1. Login", "1\\. Login"),
             ("2) step", "2\\) step"),
             ("2024 report", "2024 report"),
-            ("12345678901. too long to be a list", "12345678901. too long to be a list"),
+            (
+                "12345678901. too long to be a list",
+                "12345678901. too long to be a list",
+            ),
             ("", "(untitled)"),
             ("   ", "(untitled)"),
             ("line\nbreak", "line break"),

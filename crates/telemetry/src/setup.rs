@@ -186,7 +186,16 @@ pub fn init(config: &TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> 
         .build();
 
     let prometheus = PrometheusReader::new();
-    let mut tracer_builder = SdkTracerProvider::builder().with_resource(resource.clone());
+    // Every span is recorded. A caller's `traceparent` still names the trace (for correlation),
+    // but its "not sampled" flag does not turn recording off: a client could otherwise hide its
+    // requests, and the jobs they enqueue, from tracing.
+    let sampler = opentelemetry_sdk::trace::Sampler::parent_based(
+        opentelemetry_sdk::trace::Sampler::AlwaysOn,
+    )
+    .with_remote_parent_not_sampled(opentelemetry_sdk::trace::Sampler::AlwaysOn);
+    let mut tracer_builder = SdkTracerProvider::builder()
+        .with_resource(resource.clone())
+        .with_sampler(sampler);
     let mut meter_builder = SdkMeterProvider::builder()
         .with_resource(resource)
         .with_reader(prometheus.clone())
