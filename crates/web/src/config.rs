@@ -145,7 +145,8 @@ impl WebConfig {
             && let Some(bad) = token.chars().find(|c| !c.is_ascii_graphic())
         {
             return Err(format!(
-                "ADMIN_TOKEN may hold only visible ASCII characters (no spaces or line breaks);                  it holds {bad:?}"
+                "ADMIN_TOKEN may hold only visible ASCII characters (no spaces or line breaks); \
+                 it holds {bad:?}"
             ));
         }
         self.check_connections()?;
@@ -353,7 +354,10 @@ mod tests {
             let c = WebConfig::load_from(None, env(&[("ADMIN_TOKEN", unusable)])).unwrap();
             let e = c.validate().unwrap_err();
             assert!(
-                e.starts_with("ADMIN_TOKEN may hold only visible ASCII characters"),
+                e.starts_with(
+                    "ADMIN_TOKEN may hold only visible ASCII characters (no spaces or line \
+                     breaks); it holds "
+                ),
                 "{unusable:?}: {e}"
             );
         }
