@@ -13,7 +13,7 @@ use crate::error::QueueError;
 use crate::hooks::{Transition, run_hooks, wakes_after_commit};
 use crate::job::JobId;
 use crate::leader::duration_millis;
-use crate::maintenance::{decide_used_attempt, end_used_attempt};
+use crate::maintenance::{decide_used_attempt, end_used_attempt, move_one_by_one};
 use crate::runtime::Runtime;
 
 pub(crate) async fn register(
@@ -148,16 +148,10 @@ async fn hand_back_orphans(rt: &Runtime) -> Result<(), QueueError> {
             .bind(duration_millis(rt.config.orphan_grace))
             .fetch_all(&rt.pool)
             .await?;
-            let mut handed_back = Vec::new();
-            for id in candidates {
-                match hand_back_orphans_among(rt, Some(&[id])).await {
-                    Ok(moved) => handed_back.extend(moved),
-                    Err(e) if e.is_transient() => return Err(e),
-                    Err(e) => tracing::error!(job_id = id, error = %e,
-                        "the database refuses to hand back this orphaned job; it stays running and is tried again at the next heartbeat"),
-                }
-            }
-            handed_back
+            move_one_by_one(candidates, "orphan hand-back", |id| async move {
+                hand_back_orphans_among(rt, Some(&[id])).await
+            })
+            .await?
         }
     };
     if !handed_back.is_empty() {

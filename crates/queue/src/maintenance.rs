@@ -345,15 +345,10 @@ pub async fn rescue_dead_workers(
             .bind(stale_after)
             .fetch_all(pool)
             .await?;
-            let mut rescued = Vec::new();
-            for id in candidates {
-                match rescue_among(pool, hooks, stale_after, Some(&[id])).await {
-                    Ok((moved, _)) => rescued.extend(moved),
-                    Err(e) if e.is_transient() => return Err(e),
-                    Err(e) => tracing::error!(job_id = id, error = %e,
-                        "the database refuses to rescue this job; it stays running and is tried again at the next rescue"),
-                }
-            }
+            let rescued = move_one_by_one(candidates, "rescue", |id| async move {
+                Ok(rescue_among(pool, hooks, stale_after, Some(&[id])).await?.0)
+            })
+            .await?;
             let dead = sqlx::query(DELETE_DEAD_WORKERS_SQL)
                 .bind(stale_after)
                 .execute(pool)
@@ -373,6 +368,31 @@ pub async fn rescue_dead_workers(
         );
     }
     Ok(rescued)
+}
+
+/// Moves each of `candidates` in a transaction of its own (`move_one`), once the database has
+/// refused to move them together: a job it refuses again (a hook that fails on it) stays
+/// `running`, logged, and is tried again at the next pass of `what`; the others go on. A lost
+/// connection or conflict ends the pass with its error.
+pub(crate) async fn move_one_by_one<F, Fut>(
+    candidates: Vec<JobId>,
+    what: &'static str,
+    mut move_one: F,
+) -> Result<Vec<Transition>, QueueError>
+where
+    F: FnMut(JobId) -> Fut,
+    Fut: Future<Output = Result<Vec<Transition>, QueueError>>,
+{
+    let mut moved = Vec::new();
+    for id in candidates {
+        match move_one(id).await {
+            Ok(transitions) => moved.extend(transitions),
+            Err(e) if e.is_transient() => return Err(e),
+            Err(e) => tracing::error!(job_id = id, error = %e, pass = what,
+                "the database refuses to move this job; it stays running and is tried again at the next pass"),
+        }
+    }
+    Ok(moved)
 }
 
 /// One transaction of [`rescue_dead_workers`]: rescues the dead workers' jobs among `only` (all
