@@ -102,14 +102,20 @@ impl LeaderElector {
         )
     }
 
+    /// Records the lease's validity and tells the waiters when leadership changes, or becomes
+    /// valid again after it lapsed with no change sent: renewals late past the lease's validity
+    /// leave `is_leader` false meanwhile, and whoever skipped work in that gap must learn that
+    /// it holds again now, not at its next wake-up (a schedule's next tick can be an hour away).
     fn set_valid_until(&self, until: Option<Instant>) {
+        let was_valid = self.still_valid();
         *self
             .valid_until
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = until;
         let leader = until.is_some();
+        let valid_again = !was_valid && self.still_valid();
         self.changes.send_if_modified(|v| {
-            let changed = *v != leader;
+            let changed = *v != leader || valid_again;
             *v = leader;
             changed
         });
@@ -122,19 +128,10 @@ impl LeaderElector {
             let sent_at = Instant::now();
             match self.try_acquire().await {
                 Ok(true) => {
-                    let lapsed = self.was_leader() && !self.still_valid();
                     if !self.was_leader() {
                         tracing::info!(lease = %self.name, candidate = %self.candidate_id, "became leader");
                     }
                     self.set_valid_until(Some(sent_at + self.ttl));
-                    if lapsed && self.still_valid() {
-                        // Renewals late past the lease's validity: `is_leader` was false
-                        // meanwhile, though no change was sent. Whoever skipped work in that gap
-                        // is told now that it holds again, instead of at its next wake-up (a
-                        // schedule's next tick can be an hour away).
-                        tracing::info!(lease = %self.name, "leadership valid again after late renewals");
-                        self.changes.send_modify(|leader| *leader = true);
-                    }
                 }
                 Ok(false) => {
                     if self.was_leader() {
