@@ -94,14 +94,13 @@ impl Periodic {
         let name = self.task.name();
         let frontier = self.store.frontier(name).await?;
         let clock_offset = frontier.now - Utc::now();
-        let frontier = frontier.last_done;
         let due = self
             .schedule
-            .due_ticks(frontier, Utc::now() + clock_offset, MAX_CATCH_UP);
+            .due_ticks(frontier.last_done, frontier.now, MAX_CATCH_UP);
         if due.skipped_older {
             tracing::warn!(
                 task = name,
-                ?frontier,
+                frontier = ?frontier.last_done,
                 caught_up = due.ticks.len(),
                 "more ticks were missed than are caught up; the older ones are skipped"
             );
