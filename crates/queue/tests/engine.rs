@@ -460,6 +460,19 @@ async fn insert_sleep(client: &Client, ms: u64) -> queue::JobRow {
         .job
 }
 
+/// Starts `workers` on queue `q` with two slots and a 1 s shutdown timeout, and waits until the
+/// two jobs inserted before run.
+async fn start_with_both_running(db: &TestDb, client: &Client, workers: Workers) -> Running {
+    let mut config = fast_config();
+    config.shutdown_timeout = Duration::from_secs(1);
+    let engine = start(client, config, &[("q", 2)], workers);
+    eventually(Duration::from_secs(10), "both running", || async {
+        (count_in_state(&db.pool, "running").await == 2).then_some(())
+    })
+    .await;
+    engine
+}
+
 #[tokio::test]
 async fn shutdown_lets_jobs_finish_and_hands_back_those_past_the_deadline() {
     let db = TestDb::new().await;
@@ -467,13 +480,7 @@ async fn shutdown_lets_jobs_finish_and_hands_back_those_past_the_deadline() {
     let workers = stoppable_sleepers(|| JobError::msg("interrupted"));
     let quick = insert_sleep(&client, 500).await;
     let slow = insert_sleep(&client, 60_000).await;
-    let mut config = fast_config();
-    config.shutdown_timeout = Duration::from_secs(1);
-    let engine = start(&client, config, &[("q", 2)], workers);
-    eventually(Duration::from_secs(10), "both running", || async {
-        (count_in_state(&db.pool, "running").await == 2).then_some(())
-    })
-    .await;
+    let engine = start_with_both_running(&db, &client, workers).await;
     let later = insert_sleep(&client, 1).await;
     engine.stop().await;
     let quick = client.job(quick.id).await.unwrap().unwrap();
@@ -551,13 +558,7 @@ async fn a_handler_that_cancels_on_shutdown_hands_its_job_back() {
     let workers = stoppable_sleepers(|| JobError::Cancel("stopped".into()));
     let by_user = insert_sleep(&client, 60_000).await;
     let by_deploy = insert_sleep(&client, 60_001).await;
-    let mut config = fast_config();
-    config.shutdown_timeout = Duration::from_secs(1);
-    let engine = start(&client, config, &[("q", 2)], workers);
-    eventually(Duration::from_secs(10), "both running", || async {
-        (count_in_state(&db.pool, "running").await == 2).then_some(())
-    })
-    .await;
+    let engine = start_with_both_running(&db, &client, workers).await;
     client.cancel(by_user.id).await.unwrap();
     eventually(Duration::from_secs(10), "the user's cancel", || async {
         let job = client.job(by_user.id).await.unwrap().unwrap();
