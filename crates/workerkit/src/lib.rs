@@ -94,11 +94,15 @@ pub async fn run(
     http_done.cancel();
     // In-flight `/readyz` checks end within their own bound; this one only guards against a
     // connection that never lets the server finish.
-    let mut http = http;
-    if tokio::time::timeout(STOP_BOUND, &mut http).await.is_err() {
-        http.abort();
-    }
+    join_within(http).await;
     result
+}
+
+/// Waits for `task` for up to [`STOP_BOUND`], then aborts it.
+async fn join_within<T>(mut task: tokio::task::JoinHandle<T>) {
+    if tokio::time::timeout(STOP_BOUND, &mut task).await.is_err() {
+        task.abort();
+    }
 }
 
 /// How long a shutdown waits for each of the health server and the fairness gauge's count, on
@@ -173,12 +177,8 @@ async fn run_engine(
     );
     let ran = engine.run(shutdown).await;
     waiting_done.cancel();
-    if let Some(mut waiting) = waiting
-        && tokio::time::timeout(STOP_BOUND, &mut waiting)
-            .await
-            .is_err()
-    {
-        waiting.abort();
+    if let Some(waiting) = waiting {
+        join_within(waiting).await;
     }
     ran?;
     Ok(())
