@@ -142,7 +142,10 @@ impl AnalysisWorker {
             commit: commit.clone(),
             inventory,
         };
-        if !records::analyses::stage(&self.pool, record.id, job_id, &commit, &analysis).await? {
+        if !records::analyses::stage(&self.pool, record.id, job_id, &commit, &analysis)
+            .await
+            .map_err(records::stage_failure)?
+        {
             return Err(JobError::Cancel(format!(
                 "analysis {} changed while the job ran; its result was not stored",
                 record.id

@@ -14,7 +14,10 @@ use uuid::Uuid;
 /// - `completed`: the record becomes `completed` (its result was staged by the handler). An
 ///   analysis of a (repository, commit) that already has a completed original is stored as a
 ///   copy of it (`cached_from`), so the unique index `analyses_cache` always holds; concurrent
-///   completions of the same commit are serialized by a transaction-scoped advisory lock.
+///   completions of the same commit are serialized by a transaction-scoped advisory lock. A
+///   completion whose record holds no result is refused ([`SettleError::NoResult`]): the whole
+///   transaction rolls back, so the job is not completed and not billed, and the queue records
+///   the attempt as failed (retried, then discarded, which fails the record unbilled).
 /// - `cancelled` / `discarded`: the record becomes `failed`, its staged result is dropped and
 ///   `error` says why (the handler's cancel reason, "cancelled by the user", or the last attempt's
 ///   error after attempts ran out).
@@ -41,16 +44,35 @@ impl TransitionHook for RecordHook {
         conn: &mut PgConnection,
         transitions: &[Transition],
     ) -> Result<(), BoxError> {
-        settle(conn, transitions).await?;
-        Ok(())
+        match settle(conn, transitions).await {
+            Ok(()) => Ok(()),
+            // The database's own error, so that the queue still tells a lost connection (retried)
+            // from a refusal.
+            Err(SettleError::Database(e)) => Err(Box::new(e)),
+            Err(refused) => Err(Box::new(refused)),
+        }
     }
+}
+
+/// Why records could not be settled with their jobs.
+#[derive(Debug, thiserror::Error)]
+pub enum SettleError {
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+    /// Jobs completed while their records held no result (a handler succeeded without staging).
+    /// Completing them would bill the user for nothing, so their completion is refused.
+    #[error("{NO_RESULT} ({table} {records:?})")]
+    NoResult {
+        table: &'static str,
+        records: Vec<Uuid>,
+    },
 }
 
 /// The hook's work as a function, for callers that finish jobs by hand.
 pub async fn settle(
     conn: &mut PgConnection,
     transitions: &[Transition],
-) -> Result<(), sqlx::Error> {
+) -> Result<(), SettleError> {
     let mut analyses_done: Vec<JobId> = Vec::new();
     let mut analyses_ended: Vec<JobId> = Vec::new();
     let mut specviews_done: Vec<JobId> = Vec::new();
@@ -115,11 +137,11 @@ fn fail_statement(table: &str, cleared: &str) -> String {
     )
 }
 
-/// Records of completed jobs that were never given a result end `failed` (a handler must stage
-/// before succeeding; this only guards against a bug turning into a billed empty record).
-const NO_RESULT: &str = "the job completed without storing a result";
+/// Why a completion is refused when its record was never given a result (a handler must stage
+/// before succeeding).
+const NO_RESULT: &str = "the job succeeded without storing a result";
 
-async fn complete_analyses(conn: &mut PgConnection, jobs: &[JobId]) -> Result<(), sqlx::Error> {
+async fn complete_analyses(conn: &mut PgConnection, jobs: &[JobId]) -> Result<(), SettleError> {
     let rows: Vec<(Uuid, String, Option<String>, bool)> = sqlx::query_as(
         "SELECT id, repository, commit, result IS NOT NULL FROM analyses \
          WHERE job_id = ANY($1) AND state IN ('pending', 'running') \
@@ -137,15 +159,10 @@ async fn complete_analyses(conn: &mut PgConnection, jobs: &[JobId]) -> Result<()
         }
     }
     if !broken.is_empty() {
-        tracing::error!(records = ?broken, "analysis jobs completed without a staged result");
-        sqlx::query(
-            "UPDATE analyses SET state = 'failed', error = $2, updated_at = now() \
-             WHERE id = ANY($1)",
-        )
-        .bind(&broken)
-        .bind(NO_RESULT)
-        .execute(&mut *conn)
-        .await?;
+        return Err(SettleError::NoResult {
+            table: "analyses",
+            records: broken,
+        });
     }
     // One original per (repository, commit): completions of the same commit take turns, in a
     // fixed key order so that two batches cannot deadlock.
@@ -177,18 +194,28 @@ async fn complete_analyses(conn: &mut PgConnection, jobs: &[JobId]) -> Result<()
     Ok(())
 }
 
-async fn complete_specviews(conn: &mut PgConnection, jobs: &[JobId]) -> Result<(), sqlx::Error> {
+async fn complete_specviews(conn: &mut PgConnection, jobs: &[JobId]) -> Result<(), SettleError> {
+    let broken: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM specviews \
+         WHERE job_id = ANY($1) AND state IN ('pending', 'running') \
+           AND (result IS NULL OR markdown IS NULL) \
+         ORDER BY id",
+    )
+    .bind(jobs)
+    .fetch_all(&mut *conn)
+    .await?;
+    if !broken.is_empty() {
+        return Err(SettleError::NoResult {
+            table: "specviews",
+            records: broken,
+        });
+    }
     sqlx::query(
-        "UPDATE specviews SET \
-           state = CASE WHEN result IS NOT NULL AND markdown IS NOT NULL \
-                        THEN 'completed' ELSE 'failed' END::fairlane_work_state, \
-           completed_at = CASE WHEN result IS NOT NULL AND markdown IS NOT NULL THEN now() END, \
-           error = CASE WHEN result IS NOT NULL AND markdown IS NOT NULL THEN NULL ELSE $2 END, \
-           updated_at = now() \
+        "UPDATE specviews SET state = 'completed', completed_at = now(), error = NULL, \
+                updated_at = now() \
          WHERE job_id = ANY($1) AND state IN ('pending', 'running')",
     )
     .bind(jobs)
-    .bind(NO_RESULT)
     .execute(&mut *conn)
     .await?;
     Ok(())

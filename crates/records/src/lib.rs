@@ -9,7 +9,8 @@
 //! 3. [`RecordHook`], a [`queue::TransitionHook`], runs inside the transaction that moves the job to
 //!    a final state: `completed` makes the record `completed` (an analysis of a commit that already
 //!    has a completed original becomes a copy of it, `cached_from`), `cancelled` or `discarded`
-//!    makes it `failed` with a message taken from the job.
+//!    makes it `failed` with a message taken from the job. A completion whose record holds no
+//!    result is refused, so the attempt counts as failed instead of billing an empty record.
 //!
 //! So a record is `completed` exactly when its job is, which is exactly when the quota hook bills
 //! it, whatever path ends the job (handler outcome, user cancel, rescue after a crash).
@@ -18,7 +19,7 @@ pub mod analyses;
 mod hook;
 pub mod specviews;
 
-pub use hook::{RecordHook, settle};
+pub use hook::{RecordHook, SettleError, settle};
 
 /// The state of an analysis or specview record (`fairlane_work_state`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
@@ -45,6 +46,26 @@ impl std::fmt::Display for WorkState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
     }
+}
+
+/// What a handler returns when staging its result failed. A value the database refuses (SQLSTATE
+/// class 22, data exception, such as a `\u0000` in `jsonb`; class 54, program limit exceeded,
+/// such as a `jsonb` too large) would be refused again on every retry: the job is cancelled with
+/// the reason. Anything else (a lost connection, a timeout) is an ordinary failure and retried.
+pub fn stage_failure(e: sqlx::Error) -> queue::JobError {
+    if refuses_value(&e) {
+        queue::JobError::Cancel(format!("the database refuses this result: {e}"))
+    } else {
+        queue::JobError::Failed(Box::new(e))
+    }
+}
+
+/// Whether `e` is the database refusing the values of a statement (SQLSTATE class 22 or 54),
+/// which no retry of the same values can change.
+fn refuses_value(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|db| db.code())
+        .is_some_and(|code| code.starts_with("22") || code.starts_with("54"))
 }
 
 /// Why a handler may not work on a record.

@@ -329,19 +329,31 @@ async fn jobs_that_end_without_success_fail_their_records_with_the_reason() {
     records::settle(&mut conn, &[t]).await.unwrap();
     assert_eq!(row(&db.pool, id).await.state, WorkState::Completed);
 
-    // A completion without a staged result is a failure, not an empty success.
+    // A completion without a staged result is refused, not turned into an empty success.
     let job = running_job(&db.pool, "analysis", 3).await;
     let id = analysis(&db.pool, Some(u), Some(&sha(5)), job).await;
     analyses::claim(&db.pool, id, job).await.unwrap().unwrap();
-    finish(&db.pool, job, JobState::Completed, json!({}), json!([])).await;
-    let r = row(&db.pool, id).await;
-    assert_eq!(
-        (r.state, r.error.as_deref()),
-        (
-            WorkState::Failed,
-            Some("the job completed without storing a result")
-        )
+    let refused = settle_completion(&db.pool, job, "analysis").await;
+    assert!(
+        matches!(&refused, records::SettleError::NoResult { table: "analyses", records } if records == &[id]),
+        "{refused:?}"
     );
+    assert_eq!(row(&db.pool, id).await.state, WorkState::Running);
+}
+
+/// Runs the hook for `job` completing, as the queue would, and returns the refusal it must give.
+async fn settle_completion(pool: &PgPool, job: i64, kind: &str) -> records::SettleError {
+    let t = Transition {
+        job_id: job,
+        queue: "q".into(),
+        kind: kind.into(),
+        user_id: None,
+        state: JobState::Completed,
+    };
+    let mut tx = pool.begin().await.unwrap();
+    let refused = records::settle(&mut tx, &[t]).await.unwrap_err();
+    tx.rollback().await.unwrap();
+    refused
 }
 
 #[tokio::test]
@@ -513,5 +525,172 @@ async fn specview_records_follow_their_jobs() {
     assert_eq!(
         (state, markdown, error.as_deref()),
         (WorkState::Failed, None, Some("analysis result unreadable"))
+    );
+
+    // A specview completed without its Markdown is refused, like an analysis without a result.
+    let job = running_job(&db.pool, "specview", 3).await;
+    let id = insert_specview(job).await;
+    specviews::claim(&db.pool, id, job).await.unwrap().unwrap();
+    let refused = settle_completion(&db.pool, job, "specview").await;
+    assert!(
+        matches!(&refused, records::SettleError::NoResult { table: "specviews", records } if records == &[id]),
+        "{refused:?}"
+    );
+}
+
+/// A handler that succeeds without staging its result, run by a real engine with both hooks (as
+/// the worker services register them): the user is never billed for the empty record. Each
+/// attempt's end is refused and recorded as a failure; when attempts run out the job is
+/// discarded, the record fails with the reason, and the reservation is released unbilled.
+#[tokio::test]
+async fn a_job_that_succeeds_without_a_result_is_not_billed_and_fails_its_record() {
+    use queue::{Client, Engine, EngineConfig, RetryPolicy, Workers};
+
+    let db = TestDb::new().await;
+    let u = user(&db.pool).await;
+    let client = Client::new(db.pool.clone()).with_hooks(vec![
+        Arc::new(quota::QuotaHook::new()),
+        Arc::new(RecordHook::new()),
+    ]);
+    let quota = quota::Quota::new(quota::QuotaConfig::default()).unwrap();
+    let queue = select_queue(Service::Analysis, Tier::Pro, false);
+    let mut tx = db.pool.begin().await.unwrap();
+    let grant = quota
+        .check(&mut tx, u, Service::Analysis, chrono::Utc::now())
+        .await
+        .unwrap();
+    let analysis_id: Uuid = sqlx::query_scalar(
+        "INSERT INTO analyses (user_id, repository, commit) VALUES ($1, $2, $3) RETURNING id",
+    )
+    .bind(u)
+    .bind(REPO)
+    .bind(sha(9))
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    let args = common::AnalysisArgs {
+        user_id: Some(u),
+        analysis_id,
+        repository: REPO.into(),
+        git_ref: None,
+    };
+    let job = queue::insert::insert(
+        &mut tx,
+        NewJob::new(queue.clone(), &args).unwrap().max_attempts(2),
+    )
+    .await
+    .unwrap()
+    .job;
+    sqlx::query("UPDATE analyses SET job_id = $2 WHERE id = $1")
+        .bind(analysis_id)
+        .bind(job.id)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    grant.reserve(&mut tx, Some(job.id)).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let mut workers = Workers::new();
+    {
+        let pool = db.pool.clone();
+        workers.register_fn::<common::AnalysisArgs, _, _>(move |job, args| {
+            let pool = pool.clone();
+            async move {
+                // Claims the record and succeeds: the result is never stored.
+                analyses::claim(&pool, args.analysis_id, job.id())
+                    .await?
+                    .map_err(|r| queue::JobError::msg(format!("record {r}")))?;
+                Ok(())
+            }
+        });
+    }
+    let config = EngineConfig {
+        poll_interval: Duration::from_millis(100),
+        retry: RetryPolicy {
+            base: Duration::from_millis(10),
+            factor: 2.0,
+            max: Duration::from_millis(100),
+            jitter: 0.1,
+        },
+        ..EngineConfig::default()
+    };
+    let engine = Engine::builder(client.clone())
+        .name("records-test")
+        .config(config)
+        .workers(workers)
+        .queue(queue, 2)
+        .build()
+        .unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(engine.run(shutdown.clone()));
+    let discarded = testkit::eventually(Duration::from_secs(30), "the job discarded", || async {
+        let j = client.job(job.id).await.unwrap().unwrap();
+        (j.state == JobState::Discarded).then_some(j)
+    })
+    .await;
+    shutdown.cancel();
+    running.await.unwrap().unwrap();
+
+    let errors = discarded.attempt_errors();
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert!(
+        errors[1]
+            .error
+            .contains("the job succeeded without storing a result"),
+        "{}",
+        errors[1].error
+    );
+    let r = row(&db.pool, analysis_id).await;
+    assert_eq!(r.state, WorkState::Failed);
+    assert!(
+        r.error
+            .as_deref()
+            .is_some_and(|e| e.starts_with("failed after 2 attempts: ")
+                && e.contains("without storing a result")),
+        "{:?}",
+        r.error
+    );
+    let (billed, reserved): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM usage_events), (SELECT count(*) FROM quota_reservations)",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (billed, reserved),
+        (0, 0),
+        "nothing billed, nothing left reserved"
+    );
+}
+
+/// A result the database refuses (a `\u0000` that `jsonb` cannot hold) cancels the job instead of
+/// being retried; a lost connection is retried.
+#[tokio::test]
+async fn a_result_the_database_refuses_cancels_the_job_and_a_lost_connection_retries_it() {
+    let db = TestDb::new().await;
+    let u = user(&db.pool).await;
+    let job = running_job(&db.pool, "analysis", 3).await;
+    let id = analysis(&db.pool, Some(u), Some(&sha(1)), job).await;
+    analyses::claim(&db.pool, id, job).await.unwrap().unwrap();
+    let refused = analyses::stage(&db.pool, id, job, &sha(1), &json!({"test": "a\u{0}b"}))
+        .await
+        .unwrap_err();
+    match records::stage_failure(refused) {
+        queue::JobError::Cancel(reason) => assert!(
+            reason.starts_with("the database refuses this result: "),
+            "{reason}"
+        ),
+        other => panic!("expected a cancel, got {other:?}"),
+    }
+    assert!(!row(&db.pool, id).await.has_result, "nothing was stored");
+
+    let closed = PgPool::connect(&db.url()).await.unwrap();
+    closed.close().await;
+    let lost = analyses::stage(&closed, id, job, &sha(1), &json!({}))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(records::stage_failure(lost), queue::JobError::Failed(_)),
+        "a lost connection is retried"
     );
 }

@@ -68,7 +68,10 @@ impl Worker<SpecviewArgs> for SpecviewWorker {
             Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
             Err(join) => return Err(JobError::msg(format!("rendering did not finish: {join}"))),
         };
-        if !records::specviews::stage(&self.pool, specview_id, job_id, &result, &markdown).await? {
+        if !records::specviews::stage(&self.pool, specview_id, job_id, &result, &markdown)
+            .await
+            .map_err(records::stage_failure)?
+        {
             return Err(JobError::Cancel(format!(
                 "specview {specview_id} changed while the job ran; its result was not stored"
             )));
