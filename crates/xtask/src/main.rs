@@ -57,10 +57,7 @@ fn main() {
         Command::Tools => tools::ensure().into_result(),
     };
     if let Err(e) = result {
-        #[allow(clippy::print_stderr)]
-        {
-            eprintln!("xtask: {e:#}");
-        }
+        say(format!("{e:#}"));
         std::process::exit(1);
     }
 }
@@ -82,10 +79,11 @@ fn workspace_root() -> std::path::PathBuf {
         .unwrap_or_else(|| manifest.to_path_buf())
 }
 
-/// Prints a progress line to stderr.
+/// Prints a progress line to stderr. A stderr that is gone (a `| tee` killed by the same Ctrl-C,
+/// a closed terminal) is ignored: `eprintln!` would panic there, and a panic in a shutdown path
+/// (or a second one while unwinding through `Drop`) would leave the services and a private
+/// PostgreSQL running.
 fn say(message: impl std::fmt::Display) {
-    #[allow(clippy::print_stderr)]
-    {
-        eprintln!("xtask: {message}");
-    }
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "xtask: {message}");
 }

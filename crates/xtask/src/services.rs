@@ -94,20 +94,23 @@ fn usable_postgres(addr: &str, url: &str) -> Result<(), String> {
 /// Logs in to `url` with `psql` and runs `SELECT 1`; `Err` holds psql's first line of complaint
 /// (e.g. `fe_sendauth: no password supplied`).
 fn postgres_login(url: &str) -> Result<(), String> {
+    match postgres_query(url, "SELECT 1")?.as_str() {
+        "1" => Ok(()),
+        other => Err(format!("SELECT 1 answered `{other}`")),
+    }
+}
+
+/// Runs one query returning one value at `url` with `psql`, never prompting for a password;
+/// `Err` holds psql's first line of complaint.
+fn postgres_query(url: &str, sql: &str) -> Result<String, String> {
     let out = Command::new("psql")
-        .args([
-            "--no-password",
-            "--no-psqlrc",
-            "-Atc",
-            "SELECT 1",
-            &libpq_url(url),
-        ])
+        .args(["--no-password", "--no-psqlrc", "-Atc", sql, &libpq_url(url)])
         .env("PGCONNECT_TIMEOUT", "5")
         .stdin(Stdio::null())
         .output()
         .map_err(|e| format!("could not run psql: {e}"))?;
-    if out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "1" {
-        return Ok(());
+    if out.status.success() {
+        return Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned());
     }
     let stderr = String::from_utf8_lossy(&out.stderr);
     let why = stderr
@@ -163,7 +166,18 @@ fn postgres_bindir() -> anyhow::Result<PathBuf> {
         .map(|entries| entries.flatten().map(|e| e.path().join("bin")).collect())
         .unwrap_or_default();
     versions.retain(|p| p.join("initdb").exists());
-    versions.sort();
+    // By version number, not as text (`9.6` would come after `16`).
+    versions.sort_by_key(|bin| {
+        bin.parent()
+            .and_then(Path::file_name)
+            .map(|v| {
+                v.to_string_lossy()
+                    .split('.')
+                    .map(|part| part.parse::<u32>().unwrap_or(0))
+                    .collect::<Vec<u32>>()
+            })
+            .unwrap_or_default()
+    });
     versions
         .pop()
         .context("no PostgreSQL server binaries found (install postgresql, or set DATABASE_URL)")
@@ -206,6 +220,7 @@ pub(crate) fn start_private_postgres(durability: Durability) -> anyhow::Result<S
 }
 
 /// A private PostgreSQL server this process started.
+#[derive(Debug)]
 pub(crate) struct StartedPostgres {
     bindir: PathBuf,
     data: PathBuf,
@@ -231,72 +246,161 @@ impl StartedPostgres {
 }
 
 /// Like [`start_private_postgres`], and tells whether this call started the server (`None`
-/// when one was already running on the private port).
+/// when one was already running on the private port and is used as it is).
 pub(crate) fn start_private_postgres_owned(
     durability: Durability,
 ) -> anyhow::Result<(String, Option<StartedPostgres>)> {
-    let url = format!("postgres://postgres@127.0.0.1:{PRIVATE_PG_PORT}/postgres");
-    if reachable(&format!("127.0.0.1:{PRIVATE_PG_PORT}")) {
-        return Ok((url, None));
+    PrivatePostgres {
+        port: PRIVATE_PG_PORT,
+        dir: state_dir().join("postgres"),
     }
-    let bindir = postgres_bindir()?;
-    let dir = state_dir().join("postgres");
-    let data = dir.join("data");
-    std::fs::create_dir_all(&dir).context("creating .fairlane/postgres")?;
-    if is_root() {
-        // The server runs as `postgres`; it must own its folder and reach it.
-        let status = Command::new("chown")
-            .args(["-R", "postgres:postgres"])
-            .arg(&dir)
-            .status()?;
-        if !status.success() {
-            bail!("could not hand {} to the postgres user", dir.display());
-        }
-        let mut p = dir.parent();
-        while let Some(parent) = p {
-            // Traversal permission only; nothing is made readable.
-            let _ = Command::new("chmod").arg("o+x").arg(parent).status();
-            p = parent.parent();
-        }
+    .start(durability)
+}
+
+/// Where a private PostgreSQL keeps its data and listens: `.fairlane/postgres` and
+/// [`PRIVATE_PG_PORT`] for every command (tests use their own).
+struct PrivatePostgres {
+    port: u16,
+    dir: PathBuf,
+}
+
+impl PrivatePostgres {
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
-    let data_str = data.to_string_lossy().into_owned();
-    if !data.join("PG_VERSION").exists() {
-        pg_command(
-            &bindir,
-            "initdb",
+
+    /// Starts the server unless one already runs on the port. A running one is reused, except
+    /// that one running with fsync off (started by `cargo xtask test`) is not what a benchmark
+    /// or `dev` asked for: it is restarted with the server's defaults when it is this folder's,
+    /// and refused otherwise.
+    fn start(&self, durability: Durability) -> anyhow::Result<(String, Option<StartedPostgres>)> {
+        let url = self.url();
+        let data = self.dir.join("data");
+        if reachable(&format!("127.0.0.1:{}", self.port)) {
+            let (fsync, data_directory) = running_settings(&url).map_err(|why| {
+                anyhow::anyhow!(
+                    "the server on 127.0.0.1:{} cannot be used as the private PostgreSQL ({why}); \
+                     stop it, or set DATABASE_URL",
+                    self.port
+                )
+            })?;
+            if durability == Durability::Tests || fsync == "on" {
+                say(format!(
+                    "using the private PostgreSQL already running at {url} (left running)"
+                ));
+                return Ok((url, None));
+            }
+            if !same_folder(Path::new(&data_directory), &data) {
+                bail!(
+                    "the PostgreSQL on 127.0.0.1:{} runs with fsync off and keeps its data in {data_directory}, \
+                     not {}: stop it, or set DATABASE_URL",
+                    self.port,
+                    data.display()
+                );
+            }
+            say(format!(
+                "the private PostgreSQL at {url} runs with fsync off (for tests); restarting it with durable settings"
+            ));
+            StartedPostgres {
+                bindir: postgres_bindir()?,
+                data: data.clone(),
+            }
+            .stop()?;
+        }
+        let bindir = postgres_bindir()?;
+        let dir = &self.dir;
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        if is_root() {
+            // The server runs as `postgres`; it must own its folder and reach it.
+            let status = Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(dir)
+                .status()?;
+            if !status.success() {
+                bail!("could not hand {} to the postgres user", dir.display());
+            }
+            let mut p = dir.parent();
+            while let Some(parent) = p {
+                // Traversal permission only; nothing is made readable.
+                let _ = Command::new("chmod").arg("o+x").arg(parent).status();
+                p = parent.parent();
+            }
+        }
+        let data_str = data.to_string_lossy().into_owned();
+        if !data.join("PG_VERSION").exists() {
+            pg_command(
+                &bindir,
+                "initdb",
+                &[
+                    "-D",
+                    &data_str,
+                    "-U",
+                    "postgres",
+                    "--auth=trust",
+                    "--no-sync",
+                ],
+            )?;
+        }
+        let mut options = format!(
+            "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} -c max_connections=300",
+            self.port,
+            dir.to_string_lossy()
+        );
+        if durability == Durability::Tests {
+            options.push_str(" -c fsync=off -c synchronous_commit=off -c full_page_writes=off");
+        }
+        let log = dir.join("server.log");
+        let log_str = log.to_string_lossy().into_owned();
+        let started = StartedPostgres { bindir, data };
+        if let Err(e) = pg_command(
+            &started.bindir,
+            "pg_ctl",
             &[
-                "-D",
-                &data_str,
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "--no-sync",
+                "-D", &data_str, "-o", &options, "-l", &log_str, "-w", "start",
             ],
-        )?;
+        ) {
+            // The server runs in a session of its own, so a Ctrl-C that ended `pg_ctl` while it
+            // waited has not reached it: stop it (if it never started, this fails harmlessly).
+            let _ = started.stop();
+            return Err(e.context(format!(
+                "the private PostgreSQL did not start; the end of {}:\n{}",
+                log.display(),
+                last_lines(&log, 5)
+            )));
+        }
+        say(format!(
+            "private PostgreSQL running at {url} (stop: pg_ctl -D {data_str} stop)"
+        ));
+        Ok((url, Some(started)))
     }
-    let mut options = format!(
-        "-p {PRIVATE_PG_PORT} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} -c max_connections=300",
-        dir.to_string_lossy()
-    );
-    if durability == Durability::Tests {
-        options.push_str(" -c fsync=off -c synchronous_commit=off -c full_page_writes=off");
+}
+
+/// `fsync` and `data_directory` of the server at `url`.
+fn running_settings(url: &str) -> Result<(String, String), String> {
+    let row = postgres_query(
+        url,
+        "SELECT current_setting('fsync') || ' ' || current_setting('data_directory')",
+    )?;
+    row.split_once(' ')
+        .map(|(fsync, dir)| (fsync.to_owned(), dir.to_owned()))
+        .ok_or_else(|| format!("unexpected answer `{row}`"))
+}
+
+/// Whether two paths name the same folder (both canonicalised when they exist).
+fn same_folder(a: &Path, b: &Path) -> bool {
+    let canonical = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    canonical(a) == canonical(b)
+}
+
+/// The last `n` lines of a log file, or a note that it could not be read.
+fn last_lines(path: &Path, n: usize) -> String {
+    match std::fs::read_to_string(path) {
+        Ok(text) => {
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(n)..].join("\n")
+        }
+        Err(e) => format!("(could not read it: {e})"),
     }
-    let log = dir.join("server.log").to_string_lossy().into_owned();
-    let started = StartedPostgres { bindir, data };
-    if let Err(e) = pg_command(
-        &started.bindir,
-        "pg_ctl",
-        &["-D", &data_str, "-o", &options, "-l", &log, "-w", "start"],
-    ) {
-        // The server runs in a session of its own, so a Ctrl-C that ended `pg_ctl` while it
-        // waited has not reached it: stop it (if it never started, this fails harmlessly).
-        let _ = started.stop();
-        return Err(e);
-    }
-    say(format!(
-        "private PostgreSQL running at {url} (stop: pg_ctl -D {data_str} stop)"
-    ));
-    Ok((url, Some(started)))
 }
 
 fn start_private_redis() -> anyhow::Result<String> {
@@ -425,6 +529,93 @@ mod tests {
             usable_postgres("127.0.0.1:1", "postgres://postgres@127.0.0.1:1/postgres"),
             Err("no PostgreSQL on 127.0.0.1:1".to_owned())
         );
+    }
+
+    /// A private server in a folder and on a port of its own, stopped when dropped.
+    struct ScratchServer {
+        postgres: PrivatePostgres,
+    }
+
+    impl ScratchServer {
+        fn new(label: &str) -> ScratchServer {
+            let dir = std::env::temp_dir()
+                .join(format!("fairlane-xtask-pg-{label}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            let port = TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            ScratchServer {
+                postgres: PrivatePostgres { port, dir },
+            }
+        }
+
+        fn fsync(&self) -> String {
+            running_settings(&self.postgres.url()).unwrap().0
+        }
+
+        fn stop(&self) {
+            let _ = StartedPostgres {
+                bindir: postgres_bindir().unwrap(),
+                data: self.postgres.dir.join("data"),
+            }
+            .stop();
+        }
+    }
+
+    impl Drop for ScratchServer {
+        fn drop(&mut self) {
+            self.stop();
+            let _ = std::fs::remove_dir_all(&self.postgres.dir);
+        }
+    }
+
+    #[test]
+    fn a_private_postgres_left_running_without_fsync_is_not_used_for_durable_work() {
+        let server = ScratchServer::new("durability");
+        let (_, started) = server.postgres.start(Durability::Tests).unwrap();
+        assert!(started.is_some());
+        assert_eq!(server.fsync(), "off");
+        // Tests reuse it as it is.
+        let (_, reused) = server.postgres.start(Durability::Tests).unwrap();
+        assert!(reused.is_none());
+        // A benchmark (or dev) gets it restarted with durable settings.
+        let (_, restarted) = server.postgres.start(Durability::Default).unwrap();
+        assert!(restarted.is_some());
+        assert_eq!(server.fsync(), "on");
+        let (_, reused) = server.postgres.start(Durability::Default).unwrap();
+        assert!(reused.is_none());
+
+        // Another folder's server running without fsync is refused, and left running.
+        server.stop();
+        server.postgres.start(Durability::Tests).unwrap();
+        let other = PrivatePostgres {
+            port: server.postgres.port,
+            dir: server.postgres.dir.join("elsewhere"),
+        };
+        let refused = other.start(Durability::Default).unwrap_err().to_string();
+        assert!(refused.contains("runs with fsync off"), "{refused}");
+        assert_eq!(server.fsync(), "off");
+    }
+
+    #[test]
+    fn a_private_postgres_that_cannot_start_shows_the_end_of_its_log() {
+        let server = ScratchServer::new("broken");
+        server.postgres.start(Durability::Tests).unwrap();
+        server.stop();
+        // A setting the server refuses at start.
+        let conf = server.postgres.dir.join("data/postgresql.conf");
+        let mut text = std::fs::read_to_string(&conf).unwrap();
+        text.push_str("\nshared_buffers = 'lots'\n");
+        std::fs::write(&conf, text).unwrap();
+        let e = server.postgres.start(Durability::Tests).unwrap_err();
+        let message = format!("{e:#}");
+        assert!(
+            message.contains("the private PostgreSQL did not start"),
+            "{message}"
+        );
+        assert!(message.contains("shared_buffers"), "{message}");
     }
 
     #[test]

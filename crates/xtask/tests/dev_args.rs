@@ -131,10 +131,15 @@ fn ports_dev_cannot_serve_on_are_refused_before_anything_starts() {
 fn an_empty_database_url_is_unset() {
     let dir = scratch_dir("empty-url");
     stand_in(&dir, "cargo");
-    stand_in(&dir, "psql");
+    let psql = stand_in(&dir, "psql");
     // Something answers on the private server's port (this listener, or a private server
     // already running), so dev takes that path without initdb; the stand-in psql keeps it from
-    // touching whatever answers.
+    // touching whatever answers. It says the server is durable, and refuses everything else.
+    let script = std::fs::read_to_string(&psql).unwrap().replace(
+        "exit 1\n",
+        "case \"$*\" in *current_setting*) echo 'on /elsewhere'; exit 0;; esac\nexit 1\n",
+    );
+    std::fs::write(&psql, script).unwrap();
     let _listener = std::net::TcpListener::bind("127.0.0.1:25432");
     let out = dev(&dir, &["--port", &spare_port()], &[("DATABASE_URL", "")]);
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -58,6 +58,11 @@ impl Dev {
         Dev { child: Some(child) }
     }
 
+    /// Closes the reading end of xtask's stderr: every later write to it fails (EPIPE).
+    fn close_stderr(&mut self) {
+        drop(self.child.as_mut().unwrap().stderr.take());
+    }
+
     fn pid(&self) -> u32 {
         self.child.as_ref().unwrap().id()
     }
@@ -172,5 +177,28 @@ fn sigint_during_a_step_that_completes_stops_dev_before_the_next_step() {
     std::thread::sleep(Duration::from_millis(300));
     std::fs::write(&go, "").unwrap();
     assert_stopped_before_migrating(&dev.finish());
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn sigint_with_stderr_gone_still_stops_dev_cleanly() {
+    // `cargo xtask dev 2>&1 | tee dev.log` and Ctrl-C: the signal ends `tee` too, so every
+    // progress line xtask writes while stopping fails. That must not panic the shutdown.
+    let dir = scratch_dir("stderr-gone");
+    let started = dir.join("build-started");
+    let cargo = fake_cargo(
+        &dir,
+        &format!("touch '{}'\nexec sleep 60", started.display()),
+    );
+    let mut dev = Dev::start(&cargo);
+    wait_for(&started);
+    dev.close_stderr();
+    kill_group(dev.pid(), "INT");
+    let output = dev.finish();
+    assert!(
+        output.status.success(),
+        "{}",
+        describe(output.status, &output)
+    );
     std::fs::remove_dir_all(dir).unwrap();
 }
