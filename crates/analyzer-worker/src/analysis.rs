@@ -265,7 +265,7 @@ mod tests {
     fn permanent_failures_cancel_and_transient_ones_retry() {
         assert_eq!(
             cancel_reason(fetch_failure(FetchError::TooManyFiles { limit: 5 })).as_deref(),
-            Some("the repository has too many files: more than 5")
+            Some("the repository has too many files and folders: more than 5")
         );
         assert!(
             cancel_reason(fetch_failure(FetchError::TimedOut {

@@ -92,7 +92,7 @@ async fn heavy_oversized_repositories_fail_within_the_caps() {
         &db,
         &analysis,
         job,
-        "the repository has too many files: more than 30",
+        "the repository has too many files and folders: more than 30",
     )
     .await;
     assert_eq!(work.entries(), Vec::<String>::new());

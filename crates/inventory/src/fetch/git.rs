@@ -338,8 +338,10 @@ async fn read_tail(mut reader: impl AsyncRead + Unpin) -> Vec<u8> {
     kept
 }
 
-/// Total apparent size in bytes of the regular files under `dir` (symlinks not followed;
-/// unreadable entries count as zero, since they are usually files git is replacing).
+/// Total apparent size in bytes of the files and folders under `dir` (symlinks not followed;
+/// unreadable entries count as zero, since they are usually files git is replacing). Folders
+/// count with their own size (a block each), so a checkout of millions of empty folders does
+/// not measure as nothing.
 pub(crate) fn disk_usage(dir: &Path) -> u64 {
     let mut total = 0u64;
     let mut stack = vec![dir.to_path_buf()];
@@ -351,12 +353,33 @@ pub(crate) fn disk_usage(dir: &Path) -> u64 {
             let Ok(meta) = entry.path().symlink_metadata() else {
                 continue;
             };
+            total = total.saturating_add(meta.len());
             if meta.is_dir() {
                 stack.push(entry.path());
-            } else {
-                total += meta.len();
             }
         }
     }
     total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disk_usage_counts_folders() {
+        let dir = std::env::temp_dir().join(format!("fairlane-disk-usage-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let empty = disk_usage(&dir);
+        for i in 0..100 {
+            std::fs::create_dir(dir.join(i.to_string())).unwrap();
+        }
+        let folders = disk_usage(&dir);
+        std::fs::write(dir.join("0/f"), [0u8; 1000]).unwrap();
+        let with_file = disk_usage(&dir);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(folders > empty, "{folders} after 100 empty folders");
+        assert_eq!(with_file - folders, 1000);
+    }
 }

@@ -5,8 +5,9 @@
 //! hex object id is taken as is; no ref means the remote's `HEAD`) — the web API uses it alone
 //! for cache-first lookups. [`fetch_commit`] then runs `git init`, `git fetch --depth 1 <url>
 //! <commit>` (falling back to the ref name for servers that refuse fetching by id) while
-//! watching the folder's size, lists the commit's tree (`git ls-tree -r -l`) to refuse too many
-//! files or too many bytes before writing any, and checks the commit out. [`fetch`] does both
+//! watching the folder's size, lists the commit's tree (`git ls-tree -r -t -l`) to refuse too many
+//! files and folders or too many bytes before writing any, and checks the commit out with the
+//! repository's own attributes overridden, so that files are written as stored. [`fetch`] does both
 //! under one deadline. The returned [`Checkout`] removes its folder when dropped.
 
 mod git;
@@ -31,7 +32,7 @@ pub struct Limits {
     pub resolve_time: Duration,
     /// Cap on the checkout folder's size (sum of file sizes: git objects plus work tree).
     pub max_bytes: u64,
-    /// Cap on the number of files in the commit's tree.
+    /// Cap on the number of files and folders in the commit's tree.
     pub max_files: u64,
     /// Cap on each git process's address space (`RLIMIT_AS`, set by util-linux's `prlimit`):
     /// a pack of a few KiB can inflate to objects of hundreds of MiB in git's memory.
@@ -128,8 +129,8 @@ pub enum FetchError {
         /// The cap.
         limit: u64,
     },
-    /// The commit's tree has more files than [`Limits::max_files`].
-    #[error("the repository has too many files: more than {limit}")]
+    /// The commit's tree has more files and folders than [`Limits::max_files`].
+    #[error("the repository has too many files and folders: more than {limit}")]
     TooManyFiles {
         /// The cap.
         limit: u64,
@@ -554,6 +555,16 @@ async fn fetch_commit_until(
     if !init.success() {
         return Err(classify_failure(Stage::Init, &init, None));
     }
+    // The repository's own `.gitattributes` could make the checkout larger than the tree's
+    // blobs (`ident` expands every `$Id$`, `eol=crlf` and `working-tree-encoding` grow
+    // files), past the size counted below before anything is written. This file outranks it.
+    let info = work_tree.join(".git").join("info");
+    std::fs::create_dir_all(&info)
+        .and_then(|()| std::fs::write(info.join("attributes"), CHECKOUT_AS_STORED))
+        .map_err(|source| FetchError::Io {
+            action: "write the checkout's attributes",
+            source,
+        })?;
 
     let fetch_args = |what: &str| -> Vec<String> {
         [
@@ -637,13 +648,13 @@ async fn fetch_commit_until(
         });
     }
 
-    // Count and size the tree before writing any of it.
+    // Count and size the tree (folders too) before writing any of it.
     let mut tree = TreeTally::new(limits.max_files);
     let listing = git
         .run(
             Stage::Inspect,
             &work_tree,
-            &["ls-tree", "-r", "-l", "-z", "--full-tree", &commit],
+            &["ls-tree", "-r", "-t", "-l", "-z", "--full-tree", &commit],
             None,
             &mut |chunk| tree.feed(chunk),
         )
@@ -678,6 +689,9 @@ async fn fetch_commit_until(
     })
 }
 
+/// `.git/info/attributes` of every checkout: files are written exactly as stored.
+const CHECKOUT_AS_STORED: &str = "* -text -eol -ident -filter -working-tree-encoding\n";
+
 async fn measure(dir: &Path) -> u64 {
     let dir = dir.to_path_buf();
     tokio::task::spawn_blocking(move || git::disk_usage(&dir))
@@ -685,7 +699,12 @@ async fn measure(dir: &Path) -> u64 {
         .unwrap_or(u64::MAX)
 }
 
-/// Counts blob entries and their sizes in `git ls-tree -r -l -z` output as it streams.
+/// What a folder is reckoned to take on disk (one file system block).
+const FOLDER_BYTES: u64 = 4096;
+
+/// Counts the files and folders in `git ls-tree -r -t -l -z` output as it streams, with their
+/// sizes. Folders count: a tree of a hundred thousand references to one deep chain of folders
+/// is a few KiB of objects and millions of folders once checked out.
 struct TreeTally {
     max_files: u64,
     files: u64,
@@ -703,6 +722,18 @@ impl TreeTally {
         }
     }
 
+    /// One more file or folder of `size` bytes.
+    fn count(&mut self, size: u64) -> Result<(), FetchError> {
+        self.files += 1;
+        self.bytes = self.bytes.saturating_add(size);
+        if self.files > self.max_files {
+            return Err(FetchError::TooManyFiles {
+                limit: self.max_files,
+            });
+        }
+        Ok(())
+    }
+
     fn feed(&mut self, chunk: &[u8]) -> Result<(), FetchError> {
         for &b in chunk {
             if b != 0 {
@@ -718,19 +749,17 @@ impl TreeTally {
                 .split(|&c| c == b' ')
                 .filter(|f| !f.is_empty())
                 .collect();
-            if fields.get(1) == Some(&&b"blob"[..]) {
-                self.files += 1;
-                let size = fields
-                    .get(3)
-                    .and_then(|s| std::str::from_utf8(s).ok())
-                    .and_then(|s| s.parse::<u64>().ok())
-                    .unwrap_or(0);
-                self.bytes = self.bytes.saturating_add(size);
-                if self.files > self.max_files {
-                    return Err(FetchError::TooManyFiles {
-                        limit: self.max_files,
-                    });
+            match fields.get(1).copied() {
+                Some(b"blob") => {
+                    let size = fields
+                        .get(3)
+                        .and_then(|s| std::str::from_utf8(s).ok())
+                        .and_then(|s| s.parse::<u64>().ok())
+                        .unwrap_or(0);
+                    self.count(size)?;
                 }
+                Some(b"tree") => self.count(FOLDER_BYTES)?,
+                _ => {}
             }
         }
         Ok(())
@@ -769,12 +798,12 @@ mod tests {
 
     #[test]
     fn tree_tally_counts_blobs_across_chunks() {
-        let listing = b"100644 blob aaaa     12\tsrc/a.rs\x00160000 commit bbbb       -\tsub\x00100755 blob cccc 30\tx y\0";
+        let listing = b"040000 tree dddd       -\tsrc\x00100644 blob aaaa     12\tsrc/a.rs\x00160000 commit bbbb       -\tsub\x00100755 blob cccc 30\tx y\0";
         let mut tally = TreeTally::new(10);
         for chunk in listing.chunks(7) {
             tally.feed(chunk).unwrap();
         }
-        assert_eq!((tally.files, tally.bytes), (2, 42));
+        assert_eq!((tally.files, tally.bytes), (3, 42 + FOLDER_BYTES));
         let mut small = TreeTally::new(1);
         assert!(matches!(
             small.feed(listing),

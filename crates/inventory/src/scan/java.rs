@@ -3,7 +3,7 @@
 //! too) as suite, `@Disabled`/`@Ignore` (on the method or a class) as skip and `@DisplayName`.
 
 use super::lexer::{Lang, Tok, Token, dotted_name, dotted_span, lex};
-use super::{Found, between, matching, suite_path};
+use super::{Found, Scopes, between, matching, suite_path};
 use crate::model::{Framework, Modifier, TestCase};
 
 const TEST_ANNOTATIONS: [&str; 5] = [
@@ -39,8 +39,12 @@ struct ClassScope {
     skip: bool,
 }
 
-/// The framework named by the file's imports (or fully qualified annotations).
+/// The framework named by the file's imports (or fully qualified annotations). The class that
+/// supplies `@Test` decides (`org.junit.Test`, `org.junit.jupiter.api.Test`,
+/// `org.testng.annotations.Test`): JUnit 4 tests may well use JUnit 5's assertions. Without
+/// it, any JUnit 5 name makes the file JUnit 5, then TestNG, then JUnit 4.
 fn detect_framework(toks: &[Token<'_>]) -> Framework {
+    let mut junit5 = false;
     let mut junit4 = false;
     let mut testng = false;
     for (k, t) in toks.iter().enumerate() {
@@ -55,17 +59,25 @@ fn detect_framework(toks: &[Token<'_>]) -> Framework {
         } else if t.is_punct(b'@') {
             dotted_name(&toks[k + 1..])
         } else {
-            String::new()
+            continue;
         };
+        match qualified.as_str() {
+            "org.junit.Test" => return Framework::Junit4,
+            "org.junit.jupiter.api.Test" => return Framework::Junit5,
+            "org.testng.annotations.Test" => return Framework::Testng,
+            _ => {}
+        }
         if qualified.starts_with("org.junit.jupiter") {
-            return Framework::Junit5;
+            junit5 = true;
         } else if qualified.starts_with("org.testng") {
             testng = true;
         } else if qualified.starts_with("org.junit.") {
             junit4 = true;
         }
     }
-    if testng {
+    if junit5 {
+        Framework::Junit5
+    } else if testng {
         Framework::Testng
     } else if junit4 {
         Framework::Junit4
@@ -78,7 +90,9 @@ pub(crate) fn scan(src: &str) -> Found {
     let toks = lex(src, Lang::Java);
     let framework = detect_framework(&toks);
     let mut found = Found::default();
-    let mut scopes: Vec<Option<ClassScope>> = Vec::new();
+    // Open braces, class bodies named; and how many of those classes are skipped.
+    let mut scopes: Scopes<ClassScope> = Scopes::new();
+    let mut skipped_classes = 0usize;
     let mut annotations: Vec<Annotation> = Vec::new();
     let mut pending_class: Option<ClassScope> = None;
     let mut i = 0;
@@ -127,17 +141,17 @@ pub(crate) fn scan(src: &str) -> Found {
                 let is_test = annotations
                     .iter()
                     .any(|a| TEST_ANNOTATIONS.contains(&a.simple_name()));
-                let in_class = scopes.last().is_some_and(Option::is_some);
+                let in_class = scopes.innermost_is_named();
                 if is_test && in_class {
                     let skip = annotations
                         .iter()
                         .any(|a| SKIP_ANNOTATIONS.contains(&a.simple_name()))
-                        || scopes.iter().flatten().any(|c| c.skip);
+                        || skipped_classes > 0;
                     found.push_test(
                         framework,
                         TestCase {
                             name: t.text.to_string(),
-                            suite: suite_path(scopes.iter().flatten().map(|c| c.name.as_str())),
+                            suite: suite_path(scopes.named().map(|c| c.name.as_str())),
                             line: t.line,
                             modifier: if skip { Modifier::Skip } else { Modifier::None },
                             parameterized: annotations
@@ -153,11 +167,15 @@ pub(crate) fn scan(src: &str) -> Found {
                 annotations.clear();
             }
             Tok::Punct(b'{') => {
-                scopes.push(pending_class.take());
+                let class = pending_class.take();
+                skipped_classes += usize::from(class.as_ref().is_some_and(|c| c.skip));
+                scopes.open(class);
                 annotations.clear();
             }
             Tok::Punct(b'}') => {
-                scopes.pop();
+                if scopes.close().is_some_and(|c| c.skip) {
+                    skipped_classes = skipped_classes.saturating_sub(1);
+                }
                 annotations.clear();
             }
             Tok::Punct(b';' | b'=') => annotations.clear(),
@@ -299,5 +317,60 @@ class UserServiceTest {
             "import static org.junit.Assert.assertEquals;\nclass C { @Test public void d() {} }",
         );
         assert_eq!(static_only.tests[0].0, Framework::Junit4);
+    }
+
+    #[test]
+    fn the_class_that_supplies_test_decides_the_framework() {
+        // JUnit 4 tests may use JUnit 5's assertions.
+        let mixed = scan(
+            "import static org.junit.jupiter.api.Assertions.*;\nimport org.junit.Test;\nclass A { @Test public void a() {} }",
+        );
+        assert_eq!(mixed.tests[0].0, Framework::Junit4);
+        let jupiter = scan(
+            "import org.junit.Assert;\nimport org.junit.jupiter.api.Test;\nclass A { @Test void a() {} }",
+        );
+        assert_eq!(jupiter.tests[0].0, Framework::Junit5);
+    }
+
+    #[test]
+    fn a_skipped_class_skips_only_the_tests_inside_it() {
+        let found = scan(
+            "class A { @Disabled class B { @Test void b() {} class C { @Test void c() {} } } @Test void a() {} }\nclass D { @Test void d() {} }",
+        );
+        let tests: Vec<_> = found
+            .tests
+            .iter()
+            .map(|(_, t)| (t.suite.join("$"), t.name.as_str(), t.modifier))
+            .collect();
+        assert_eq!(
+            tests,
+            [
+                ("A$B".to_owned(), "b", Modifier::Skip),
+                ("A$B$C".to_owned(), "c", Modifier::Skip),
+                ("A".to_owned(), "a", Modifier::None),
+                ("D".to_owned(), "d", Modifier::None),
+            ]
+        );
+    }
+
+    #[test]
+    fn deep_anonymous_braces_do_not_make_each_test_slower() {
+        use crate::scan::MAX_TESTS_PER_FILE;
+        // Each test used to walk every open brace: 900,000 of them, times the file's cap on tests.
+        let src = format!(
+            "{} class A {{ {} }}",
+            "{".repeat(900_000),
+            "@Test void a() {}\n".repeat(MAX_TESTS_PER_FILE)
+        );
+        let started = std::time::Instant::now();
+        let found = scan(&src);
+        // About 0.1 s in a debug build; walking every open brace per test took about 40 s.
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(found.tests.len(), MAX_TESTS_PER_FILE);
+        assert_eq!(found.tests[0].1.suite, ["A"]);
     }
 }

@@ -79,6 +79,7 @@ pub(crate) fn lex(src: &str, lang: Lang) -> Vec<Token<'_>> {
         line: 1,
         line_start: 0,
         first_on_line: true,
+        no_regex_before: 0,
         out: Vec::new(),
     }
     .run()
@@ -92,6 +93,10 @@ struct Lexer<'s> {
     line: u32,
     line_start: usize,
     first_on_line: bool,
+    /// A `/` before this offset is never read as a regex: a regex scan from earlier on the line
+    /// found no end before it. Trying again from every later `/` of the line would take time
+    /// growing with the square of the line (`[/[/[/…`).
+    no_regex_before: usize,
     out: Vec<Token<'s>>,
 }
 
@@ -187,10 +192,16 @@ impl<'s> Lexer<'s> {
                     let value = self.src[self.i + 1..inner_end].into();
                     self.emit(Tok::Str(value), self.i, end);
                 }
-                b'/' if self.lang == Lang::Js && self.regex_allowed() => {
+                b'/' if self.lang == Lang::Js
+                    && self.i >= self.no_regex_before
+                    && self.regex_allowed() =>
+                {
                     match self.regex_end(self.i + 1) {
-                        Some(end) => self.emit(Tok::Regex, self.i, end),
-                        None => self.emit(Tok::Punct(b'/'), self.i, self.i + 1),
+                        Ok(end) => self.emit(Tok::Regex, self.i, end),
+                        Err(stopped) => {
+                            self.no_regex_before = stopped;
+                            self.emit(Tok::Punct(b'/'), self.i, self.i + 1);
+                        }
                     }
                 }
                 c if c.is_ascii_digit() => {
@@ -469,61 +480,74 @@ impl<'s> Lexer<'s> {
         self.emit(Tok::Str(value), start, end);
     }
 
-    /// The end (exclusive) of a template literal whose content starts at `from`.
+    /// The end (exclusive) of a template literal whose content starts at `from`. Templates and
+    /// their `${…}` expressions nest (`` `a${`b${c}`}` ``); the open ones are kept on a stack of
+    /// their own rather than the call stack, which a file of `` `${ `` repeated would overflow.
     fn template_end(&self, from: usize) -> usize {
-        let mut j = from;
-        while j < self.b.len() {
-            match self.b[j] {
-                b'\\' => j += 2,
-                b'`' => return j + 1,
-                b'$' if self.b.get(j + 1) == Some(&b'{') => j = self.js_expression_end(j + 2),
-                _ => j += 1,
-            }
+        /// What is open: a template, or an expression with its count of open braces.
+        enum Open {
+            Template,
+            Expression(usize),
         }
-        self.b.len()
-    }
-
-    /// The end (just past the closing `}`) of a `${…}` expression starting at `from`.
-    fn js_expression_end(&self, from: usize) -> usize {
-        let mut depth = 1usize;
+        let mut open = vec![Open::Template];
         let mut j = from;
-        while j < self.b.len() {
-            match self.b[j] {
-                b'{' => {
-                    depth += 1;
-                    j += 1;
-                }
-                b'}' => {
-                    depth -= 1;
-                    j += 1;
-                    if depth == 0 {
-                        return j;
+        while let (Some(&c), Some(top)) = (self.b.get(j), open.last_mut()) {
+            match top {
+                Open::Template => match c {
+                    b'\\' => j += 2,
+                    b'`' => {
+                        j += 1;
+                        open.pop();
+                        if open.is_empty() {
+                            return j;
+                        }
                     }
-                }
-                b'`' => j = self.template_end(j + 1),
-                q @ (b'\'' | b'"') => {
-                    j += 1;
-                    while j < self.b.len() && self.b[j] != q && self.b[j] != b'\n' {
-                        if self.b[j] == b'\\' {
+                    b'$' if self.b.get(j + 1) == Some(&b'{') => {
+                        j += 2;
+                        open.push(Open::Expression(1));
+                    }
+                    _ => j += 1,
+                },
+                Open::Expression(braces) => match c {
+                    b'{' => {
+                        *braces += 1;
+                        j += 1;
+                    }
+                    b'}' => {
+                        *braces -= 1;
+                        j += 1;
+                        if *braces == 0 {
+                            open.pop();
+                        }
+                    }
+                    b'`' => {
+                        j += 1;
+                        open.push(Open::Template);
+                    }
+                    q @ (b'\'' | b'"') => {
+                        j += 1;
+                        while j < self.b.len() && self.b[j] != q && self.b[j] != b'\n' {
+                            if self.b[j] == b'\\' {
+                                j += 1;
+                            }
                             j += 1;
                         }
                         j += 1;
                     }
-                    j += 1;
-                }
-                b'/' if self.b.get(j + 1) == Some(&b'/') => {
-                    while j < self.b.len() && self.b[j] != b'\n' {
-                        j += 1;
+                    b'/' if self.b.get(j + 1) == Some(&b'/') => {
+                        while j < self.b.len() && self.b[j] != b'\n' {
+                            j += 1;
+                        }
                     }
-                }
-                b'/' if self.b.get(j + 1) == Some(&b'*') => {
-                    j += 2;
-                    while j < self.b.len() && !self.b[j..].starts_with(b"*/") {
-                        j += 1;
+                    b'/' if self.b.get(j + 1) == Some(&b'*') => {
+                        j += 2;
+                        while j < self.b.len() && !self.b[j..].starts_with(b"*/") {
+                            j += 1;
+                        }
+                        j += 2;
                     }
-                    j += 2;
-                }
-                _ => j += 1,
+                    _ => j += 1,
+                },
             }
         }
         self.b.len()
@@ -540,15 +564,15 @@ impl<'s> Lexer<'s> {
         }
     }
 
-    /// The end of a regex literal whose body starts at `from`, or `None` if the line ends first
-    /// (then the `/` was a division after all).
-    fn regex_end(&self, from: usize) -> Option<usize> {
+    /// The end of a regex literal whose body starts at `from`, or `Err` with where the scan
+    /// stopped if the line ends first (then the `/` was a division after all).
+    fn regex_end(&self, from: usize) -> Result<usize, usize> {
         let mut j = from;
         let mut in_class = false;
         while j < self.b.len() {
             match self.b[j] {
                 b'\\' => j += 2,
-                b'\n' => return None,
+                b'\n' => return Err(j),
                 b'[' => {
                     in_class = true;
                     j += 1;
@@ -562,12 +586,12 @@ impl<'s> Lexer<'s> {
                     while j < self.b.len() && self.b[j].is_ascii_alphabetic() {
                         j += 1;
                     }
-                    return Some(j);
+                    return Ok(j);
                 }
                 _ => j += 1,
             }
         }
-        None
+        Err(self.b.len())
     }
 }
 
@@ -743,5 +767,39 @@ mod tests {
         assert_eq!(toks[0].line, 3);
         assert_eq!(toks[0].indent, Some(3));
         assert_eq!(toks[2].line, 5);
+    }
+
+    #[test]
+    fn deeply_nested_templates_do_not_overflow_the_stack() {
+        // Each level used to be a call of its own: this overflowed a thread's stack, which
+        // aborts the whole process.
+        let src = "`${".repeat(300_000);
+        assert_eq!(lex(&src, Lang::Js).len(), 1, "one unterminated template");
+        assert_eq!(
+            kinds("x = `a${`b${{c: 1}}`}d`; y", Lang::Js),
+            ["id:x", "p:=", "s:a${`b${{c: 1}}`}d", "p:;", "id:y"]
+        );
+    }
+
+    #[test]
+    fn a_line_of_slashes_that_never_end_a_regex_is_read_once() {
+        // Every `/` here may start a regex, and none ends on the line; each used to be scanned
+        // to the end of the line again.
+        let src = "[/".repeat(200_000);
+        let started = std::time::Instant::now();
+        assert_eq!(lex(&src, Lang::Js).len(), 400_000);
+        // Milliseconds in a debug build; scanning from every `/` again took about a minute.
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        // The next line starts afresh.
+        let after = format!("{}\nx = /a[/]b/g;", "[/".repeat(3));
+        assert!(
+            kinds(&after, Lang::Js).contains(&"re:/a[/]b/g".to_owned()),
+            "{:?}",
+            kinds(&after, Lang::Js)
+        );
     }
 }

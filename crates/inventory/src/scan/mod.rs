@@ -173,6 +173,58 @@ pub(crate) fn suite_path<'n>(names: impl IntoIterator<Item = &'n str>) -> Vec<St
         .collect()
 }
 
+/// The open braces of a brace-scoped language, and the named scopes (modules, classes) among
+/// them. A test's suite is read from the named ones only: walking every open brace per test
+/// would take time growing with the square of a crafted file (`{` a million times, then tests).
+#[derive(Debug)]
+pub(crate) struct Scopes<T> {
+    depth: usize,
+    /// The named scopes, outermost first, each with the depth of its brace.
+    named: Vec<(usize, T)>,
+}
+
+impl<T> Scopes<T> {
+    pub(crate) fn new() -> Scopes<T> {
+        Scopes {
+            depth: 0,
+            named: Vec::new(),
+        }
+    }
+
+    /// A `{`: opens the scope `name`, or an anonymous one.
+    pub(crate) fn open(&mut self, name: Option<T>) {
+        self.depth += 1;
+        if let Some(name) = name {
+            self.named.push((self.depth, name));
+        }
+    }
+
+    /// A `}`: closes the innermost scope and returns it if it was named. A `}` with nothing
+    /// open changes nothing.
+    pub(crate) fn close(&mut self) -> Option<T> {
+        if self.depth == 0 {
+            return None;
+        }
+        let closed = if self.innermost_is_named() {
+            self.named.pop().map(|(_, name)| name)
+        } else {
+            None
+        };
+        self.depth -= 1;
+        closed
+    }
+
+    /// Whether the innermost open scope is a named one (a test method directly in a class body).
+    pub(crate) fn innermost_is_named(&self) -> bool {
+        self.depth > 0 && self.named.last().is_some_and(|(d, _)| *d == self.depth)
+    }
+
+    /// The named scopes, outermost first.
+    pub(crate) fn named(&self) -> impl Iterator<Item = &T> {
+        self.named.iter().map(|(_, name)| name)
+    }
+}
+
 /// Every bracket's match, found in one pass: what [`matching`] answers, without walking the rest
 /// of the file for each bracket asked about. A scanner that asks for every call of a file of
 /// nested calls (`describe(describe(…))`) would otherwise take time growing with the square of
@@ -290,6 +342,8 @@ pub fn scan_source(
     source: &str,
     js_fallback: Framework,
 ) -> Vec<FileInventory> {
+    // A UTF-8 byte-order mark would otherwise stick to the first word (`\u{feff}def`).
+    let source = source.strip_prefix('\u{feff}').unwrap_or(source);
     let found = match kind {
         SourceKind::Rust => rust::scan(source),
         SourceKind::Go => go::scan(source),
@@ -362,6 +416,14 @@ fn io_error(path: &str, source: io::Error) -> ScanError {
 
 impl Walker<'_> {
     fn walk_dir(&mut self, dir: &Path, rel: &str, depth: usize) -> Result<(), ScanError> {
+        // Here too, not only per source file: a tree of folders without one would never stop.
+        if self
+            .options
+            .deadline
+            .is_some_and(|deadline| std::time::Instant::now() >= deadline)
+        {
+            return Err(ScanError::TimedOut);
+        }
         let mut entries: Vec<(String, PathBuf, fs::FileType)> = Vec::new();
         for entry in fs::read_dir(dir).map_err(|e| io_error(rel, e))? {
             let entry = entry.map_err(|e| io_error(rel, e))?;
@@ -663,5 +725,40 @@ mod tests {
         let toks = lexer::lex("f(a(b), [c]) (", lexer::Lang::Js);
         assert_eq!(matching(&toks, 1), 10);
         assert_eq!(matching(&toks, 11), 11);
+    }
+
+    #[test]
+    fn a_byte_order_mark_does_not_hide_the_first_word() {
+        let files = scan_source(
+            "test_a.py",
+            SourceKind::Python,
+            "\u{feff}def test_a():\n    pass\n",
+            Framework::Jest,
+        );
+        let names: Vec<&str> = files
+            .iter()
+            .flat_map(|f| f.tests.iter().map(|t| t.name.as_str()))
+            .collect();
+        assert_eq!(names, ["test_a"]);
+    }
+
+    #[test]
+    fn scopes_name_only_named_braces() {
+        let mut scopes: Scopes<&str> = Scopes::new();
+        assert_eq!(
+            scopes.close(),
+            None,
+            "a stray closing brace changes nothing"
+        );
+        scopes.open(Some("a"));
+        assert!(scopes.innermost_is_named());
+        scopes.open(None);
+        assert!(!scopes.innermost_is_named());
+        scopes.open(Some("b"));
+        assert_eq!(scopes.named().copied().collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(scopes.close(), Some("b"));
+        assert_eq!(scopes.close(), None);
+        assert_eq!(scopes.close(), Some("a"));
+        assert_eq!(scopes.named().count(), 0);
     }
 }

@@ -2,10 +2,10 @@
 //! `#[rstest]`, `#[test_case(..)]`, any `#[…::test]`), with their enclosing modules as suite.
 
 use super::lexer::{Lang, Tok, Token, lex};
-use super::{Found, between, matching, suite_path};
+use super::{Found, Scopes, between, matching, suite_path};
 use crate::model::{Framework, Modifier, TestCase};
 
-/// Attribute paths that make a function a test (besides any path ending in `::test`).
+/// Last segments of the attribute paths that make a function a test.
 const TEST_ATTRIBUTES: [&str; 5] = [
     "test",
     "rstest",
@@ -14,8 +14,15 @@ const TEST_ATTRIBUTES: [&str; 5] = [
     "quickcheck",
 ];
 
+/// Whether an attribute makes a function a test, by its last path segment (`rstest::rstest`,
+/// `test_case::test_case`, `tokio::test`).
 fn is_test_attribute(path: &str) -> bool {
-    TEST_ATTRIBUTES.contains(&path) || path.ends_with("::test")
+    TEST_ATTRIBUTES.contains(&last_segment(path))
+}
+
+/// `case` of `rstest::case`.
+fn last_segment(path: &str) -> &str {
+    path.rsplit("::").next().unwrap_or(path)
 }
 
 /// The path of an attribute (`tokio::test` in `#[tokio::test(flavor = "…")]`).
@@ -34,8 +41,8 @@ fn attribute_path(tokens: &[Token<'_>]) -> String {
 pub(crate) fn scan(src: &str) -> Found {
     let toks = lex(src, Lang::Rust);
     let mut found = Found::default();
-    // One entry per open brace: `Some(name)` for a module body.
-    let mut scopes: Vec<Option<String>> = Vec::new();
+    // Open braces, module bodies named.
+    let mut scopes: Scopes<String> = Scopes::new();
     let mut pending_mod: Option<String> = None;
     let mut attributes: Vec<String> = Vec::new();
     let mut i = 0;
@@ -66,12 +73,14 @@ pub(crate) fn scan(src: &str) -> Found {
                     && attributes.iter().any(|a| is_test_attribute(a))
                 {
                     let skip = attributes.iter().any(|a| a == "ignore");
-                    let parameterized = attributes.iter().any(|a| a == "case" || a == "test_case");
+                    let parameterized = attributes
+                        .iter()
+                        .any(|a| matches!(last_segment(a), "case" | "test_case"));
                     found.push_test(
                         Framework::Rust,
                         TestCase {
                             name: name.text.trim_start_matches("r#").to_string(),
-                            suite: suite_path(scopes.iter().flatten().map(String::as_str)),
+                            suite: suite_path(scopes.named().map(String::as_str)),
                             line: name.line,
                             modifier: if skip { Modifier::Skip } else { Modifier::None },
                             parameterized,
@@ -84,11 +93,11 @@ pub(crate) fn scan(src: &str) -> Found {
                 continue;
             }
             Tok::Punct(b'{') => {
-                scopes.push(pending_mod.take());
+                scopes.open(pending_mod.take());
                 attributes.clear();
             }
             Tok::Punct(b'}') => {
-                scopes.pop();
+                scopes.close();
                 attributes.clear();
             }
             Tok::Punct(b';') => {
@@ -184,5 +193,35 @@ macro_rules! gen { ($n:ident) => { #[test] fn $n() {} } }
                 (String::new(), "top_level".into(), 29, Modifier::None, true),
             ]
         );
+    }
+
+    #[test]
+    fn qualified_test_attributes_count() {
+        let found = names(
+            "#[rstest::rstest]\n#[rstest::case(1)]\nfn a(x: u8) {}\n#[test_case::test_case(1)]\nfn b(_: u8) {}\n#[test_log::test]\nfn c() {}\n#[cfg(test)]\nfn not_a_test() {}\n",
+        );
+        let summary: Vec<_> = found.iter().map(|t| (t.1.as_str(), t.4)).collect();
+        assert_eq!(summary, [("a", true), ("b", true), ("c", false)]);
+    }
+
+    #[test]
+    fn deep_anonymous_braces_do_not_make_each_test_slower() {
+        use crate::scan::MAX_TESTS_PER_FILE;
+        // Each test used to walk every open brace: 900,000 of them, times the file's cap on tests.
+        let src = format!(
+            "mod m {{ {} {} }}",
+            "{".repeat(900_000),
+            "#[test] fn a() {}\n".repeat(MAX_TESTS_PER_FILE)
+        );
+        let started = std::time::Instant::now();
+        let found = scan(&src);
+        // About 0.1 s in a debug build; walking every open brace per test took about 40 s.
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(found.tests.len(), MAX_TESTS_PER_FILE);
+        assert_eq!(found.tests[0].1.suite, ["m"]);
     }
 }

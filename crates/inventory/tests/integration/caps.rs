@@ -133,12 +133,12 @@ async fn too_many_files_are_refused_before_checkout() {
     );
     assert_eq!(
         err.to_string(),
-        "the repository has too many files: more than 100"
+        "the repository has too many files and folders: more than 100"
     );
     assert_eq!(leftovers(&limits.work_root), Vec::<String>::new());
 
-    // The same repository within the caps checks out fully.
-    let roomy = capped(root.path(), 64 * 1024 * 1024, 150);
+    // The same repository within the caps (150 files in 7 folders) checks out fully.
+    let roomy = capped(root.path(), 64 * 1024 * 1024, 157);
     let checkout = fetch(&url, None, &roomy).await.unwrap();
     assert!(checkout.path().join("dir3/f3.txt").is_file());
     drop(checkout);
@@ -315,5 +315,48 @@ fn sweep_removes_folders_of_dead_processes_and_keeps_live_ones() {
     assert_eq!(
         sweep_stale(&root.path().join("absent")).unwrap(),
         Default::default()
+    );
+}
+
+#[tokio::test]
+async fn folders_count_against_the_file_cap_before_checkout() {
+    // Three files, but at the end of a chain of twenty folders: a crafted tree can reference one
+    // such chain a hundred thousand times, millions of folders for a few KiB of objects.
+    let repo = GitFixture::new("caps-folders");
+    let chain = vec!["d"; 20].join("/");
+    for name in ["a", "b", "c"] {
+        repo.write(&format!("{chain}/{name}.txt"), name);
+    }
+    repo.commit("deep");
+    let root = TempDir::new("caps-folders-work");
+    let limits = capped(root.path(), 64 * 1024 * 1024, 10);
+    let url = vet_url(&repo.url(), &policy()).await.unwrap();
+    let err = fetch(&url, None, &limits).await.unwrap_err();
+    assert!(
+        matches!(err, FetchError::TooManyFiles { limit: 10 }),
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "the repository has too many files and folders: more than 10"
+    );
+    assert_eq!(leftovers(&limits.work_root), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn the_repository_attributes_do_not_change_what_is_checked_out() {
+    // `ident` expands every `$Id$` (47 bytes each) and `eol=crlf` adds a byte per line: a
+    // checkout larger than the blobs counted before it, unless files are written as stored.
+    let repo = GitFixture::new("caps-attributes");
+    repo.write(".gitattributes", "* ident eol=crlf\n");
+    repo.write("a.txt", "$Id$\nline\n");
+    repo.commit("attributes");
+    let root = TempDir::new("caps-attributes-work");
+    let limits = capped(root.path(), 64 * 1024 * 1024, 100);
+    let url = vet_url(&repo.url(), &policy()).await.unwrap();
+    let checkout = fetch(&url, None, &limits).await.unwrap();
+    assert_eq!(
+        std::fs::read_to_string(checkout.path().join("a.txt")).unwrap(),
+        "$Id$\nline\n"
     );
 }

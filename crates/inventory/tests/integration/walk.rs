@@ -72,6 +72,22 @@ fn skips_excluded_folders_symlinks_and_oversized_files() {
 }
 
 #[test]
+fn a_tree_of_folders_without_source_files_still_stops_at_the_deadline() {
+    let dir = TempDir::new("walk-folders");
+    let root = dir.path();
+    std::fs::create_dir_all(root.join("a/b/c/d")).unwrap();
+    write(root, "a/b/c/d/notes.txt", "not a source file");
+    let past_deadline = ScanOptions {
+        deadline: Some(std::time::Instant::now()),
+        ..ScanOptions::default()
+    };
+    assert!(matches!(
+        scan_tree(root, &past_deadline),
+        Err(ScanError::TimedOut)
+    ));
+}
+
+#[test]
 fn a_workspace_package_without_a_runner_takes_the_nearest_one_that_names_one() {
     let dir = TempDir::new("walk-monorepo");
     let root = dir.path();
