@@ -466,6 +466,13 @@ impl Inner {
             return Ok(false);
         };
         let name = file.path.display().to_string();
+        // Locked from before the file is read until its rules are in force: two reloads at once
+        // then read and apply one after the other. Otherwise one that read the older text could
+        // put it in force after one that read the newer text, and keep it there.
+        let mut last = file
+            .last_text
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let text = match std::fs::read_to_string(&file.path) {
             Ok(text) => text,
             Err(source) => {
@@ -475,18 +482,11 @@ impl Inner {
                 return Err(err);
             }
         };
-        let mut last = file
-            .last_text
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if *last == text {
             return Ok(false);
         }
         let parsed = RuleSet::parse_fairlane(&text, &name);
         *last = text;
-        // `last` stays locked until the new rules are in force: two reloads at once must put
-        // their rules in force in the order they read the file, or the older text could win
-        // while the newer one is remembered as read.
         match parsed {
             Ok(rules) => {
                 let count = rules.rules().len();
