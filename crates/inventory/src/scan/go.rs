@@ -139,11 +139,13 @@ fn function(
                 subtests(
                     toks,
                     brackets,
-                    body_open + 1,
-                    body_close,
-                    var,
-                    &[capped(n)],
-                    skip,
+                    Body {
+                        from: body_open + 1,
+                        to: body_close,
+                        var,
+                        suite: &[capped(n)],
+                        skipped: skip,
+                    },
                     found,
                 );
             }
@@ -168,19 +170,30 @@ fn function(
     Some(body_close + 1)
 }
 
-/// Records `var.Run("literal", …)` calls between `from` and `to` as children of `suite`, and
-/// recurses into their `func(t *testing.T) {…}` bodies.
-#[allow(clippy::too_many_arguments)]
-fn subtests(
-    toks: &[Token<'_>],
-    brackets: &Brackets,
+/// The body of a test or subtest, as its subtests see it.
+#[derive(Clone, Copy)]
+struct Body<'a> {
+    /// The tokens inside its braces: `from..to`.
     from: usize,
     to: usize,
-    var: &str,
-    suite: &[String],
-    parent_skipped: bool,
-    found: &mut Found,
-) {
+    /// The name of its `*testing.T` parameter.
+    var: &'a str,
+    /// The suite path of its subtests.
+    suite: &'a [String],
+    /// Whether it is skipped, and so its subtests too.
+    skipped: bool,
+}
+
+/// Records the `var.Run("literal", …)` calls of `body` as children of its suite, and recurses
+/// into their `func(t *testing.T) {…}` bodies.
+fn subtests(toks: &[Token<'_>], brackets: &Brackets, body: Body<'_>, found: &mut Found) {
+    let Body {
+        from,
+        to,
+        var,
+        suite,
+        skipped: parent_skipped,
+    } = body;
     let mut j = from;
     while j < to.min(toks.len()) && !found.is_full() {
         let is_run = matches!(
@@ -227,11 +240,13 @@ fn subtests(
                 subtests(
                     toks,
                     brackets,
-                    body_open + 1,
-                    body_close,
-                    child_var,
-                    &child_suite,
-                    skip,
+                    Body {
+                        from: body_open + 1,
+                        to: body_close,
+                        var: child_var,
+                        suite: &child_suite,
+                        skipped: skip,
+                    },
                     found,
                 );
             }
