@@ -11,8 +11,7 @@
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -205,21 +204,25 @@ fn start_and_run(port: u16, stop: &StopRequest) -> anyhow::Result<()> {
     }
 }
 
-/// Whether Ctrl-C (SIGINT), SIGTERM or SIGHUP has asked `dev` to stop. The handler only sets
-/// a flag: [`start_and_run`] checks it between its steps and in its main loop.
-struct StopRequest(Arc<AtomicBool>);
+/// How many times Ctrl-C (SIGINT), SIGTERM or SIGHUP has arrived. The handler only counts:
+/// [`start_and_run`] checks for a first one between its steps and in its main loop, and
+/// [`Services::stop`] takes one that arrives while it waits as "kill them now".
+static STOP_SIGNALS: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether a stop has been asked for.
+struct StopRequest;
 
 impl StopRequest {
     fn install() -> anyhow::Result<StopRequest> {
-        let flag = Arc::new(AtomicBool::new(false));
-        let set = Arc::clone(&flag);
-        ctrlc::set_handler(move || set.store(true, Ordering::SeqCst))
-            .context("installing the Ctrl-C handler")?;
-        Ok(StopRequest(flag))
+        ctrlc::set_handler(|| {
+            STOP_SIGNALS.fetch_add(1, Ordering::SeqCst);
+        })
+        .context("installing the Ctrl-C handler")?;
+        Ok(StopRequest)
     }
 
     fn requested(&self) -> bool {
-        self.0.load(Ordering::SeqCst)
+        STOP_SIGNALS.load(Ordering::SeqCst) > 0
     }
 
     /// Whether a stop is requested now or within `grace`.
@@ -260,23 +263,32 @@ impl std::error::Error for Interrupted {}
 struct Services(Vec<(String, Child)>);
 
 impl Services {
-    /// SIGTERM to each, so that each drains; a service still running 40 s later is killed.
+    /// SIGTERM to each, so that each drains; a service still running 40 s later is killed, and
+    /// so is every one still running when another Ctrl-C arrives meanwhile.
     fn stop(&mut self) {
         if self.0.is_empty() {
             return;
         }
-        say("stopping every service");
-        for (_, child) in &mut self.0 {
+        let signals_before = STOP_SIGNALS.load(Ordering::SeqCst);
+        say("stopping every service (Ctrl-C again to kill them at once)");
+        for (name, child) in &mut self.0 {
             // One that already exited is reaped: its pid may be another process's by now.
             if child.try_wait().ok().flatten().is_none() {
-                terminate(child);
+                terminate(name, child);
             }
         }
         let deadline = Instant::now() + Duration::from_secs(40);
+        let mut forced = false;
         for (name, child) in &mut self.0 {
             while child.try_wait().ok().flatten().is_none() {
-                if Instant::now() > deadline {
-                    say(format!("{name} did not stop in time; killing it"));
+                if !forced && STOP_SIGNALS.load(Ordering::SeqCst) > signals_before {
+                    forced = true;
+                    say("killing every service still running");
+                }
+                if forced || Instant::now() > deadline {
+                    if !forced {
+                        say(format!("{name} did not stop in time; killing it"));
+                    }
                     let _ = child.kill();
                 }
                 std::thread::sleep(Duration::from_millis(100));
@@ -313,11 +325,13 @@ impl Drop for PrivatePostgres {
     }
 }
 
-fn terminate(child: &Child) {
-    // SIGTERM, so each service drains; Ctrl-C in a terminal has usually sent SIGINT already.
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
+/// SIGTERM, so the service drains; Ctrl-C in a terminal has usually sent SIGINT already.
+fn terminate(name: &str, child: &Child) {
+    let pid = i32::try_from(child.id()).map(nix::unistd::Pid::from_raw);
+    let sent = pid.map(|pid| nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM));
+    if let Ok(Err(e)) = sent {
+        say(format!("could not send SIGTERM to {name}: {e}"));
+    }
 }
 
 fn run_tool(program: &Path, args: &[&str], env: &[(String, String)]) -> anyhow::Result<String> {
@@ -492,7 +506,7 @@ mod tests {
     use super::*;
 
     fn no_stop() -> StopRequest {
-        StopRequest(Arc::new(AtomicBool::new(false)))
+        StopRequest
     }
 
     /// Answers each request on `listener` with the next of `statuses` (the last one repeats),

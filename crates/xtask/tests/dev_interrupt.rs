@@ -1,7 +1,7 @@
 //! `cargo xtask dev` interrupted during its startup steps: a real SIGINT while its (stand-in)
 //! `cargo build` runs must stop it cleanly, without starting the next step. Without the handler
 //! in place by then, xtask dies of the signal and nothing it started (a private PostgreSQL) is
-//! stopped.
+//! stopped. And a second SIGINT while the services drain kills them at once.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -199,6 +199,115 @@ fn sigint_with_stderr_gone_still_stops_dev_cleanly() {
         output.status.success(),
         "{}",
         describe(output.status, &output)
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Writes stand-ins for the four services into `debug` (a `CARGO_TARGET_DIR`'s `debug`): each
+/// ignores SIGTERM, as a service stuck draining would. `web` answers the admin commands dev runs
+/// and, as the API, serves `/readyz` with 200 on `HTTP_ADDR`.
+fn stubborn_services(debug: &Path) {
+    std::fs::create_dir_all(debug).unwrap();
+    let web = r#"#!/bin/sh
+case "$1 $2" in
+  "migrate ") exit 0;;
+  "admin create-user") echo '{"id":"00000000-0000-0000-0000-000000000001"}'; exit 0;;
+  "admin issue-key") echo '{"key":"fl_demo"}'; exit 0;;
+esac
+exec python3 -c '
+import http.server, os, signal
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+host, port = os.environ["HTTP_ADDR"].rsplit(":", 1)
+class Ready(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer((host, int(port)), Ready).serve_forever()
+'
+"#;
+    let worker = "#!/bin/sh\ntrap '' TERM\nwhile true; do sleep 0.1; done\n";
+    for (name, script) in [
+        ("web", web),
+        ("analyzer-worker", worker),
+        ("specgen-worker", worker),
+        ("scheduler", worker),
+    ] {
+        let path = debug.join(name);
+        std::fs::write(&path, script).unwrap();
+        let status = Command::new("chmod").arg("+x").arg(&path).status().unwrap();
+        assert!(status.success());
+    }
+}
+
+/// Kills a process group when dropped.
+struct KillGroupOnDrop(u32);
+
+impl Drop for KillGroupOnDrop {
+    fn drop(&mut self) {
+        kill_group(self.0, "KILL");
+    }
+}
+
+#[test]
+fn a_second_sigint_while_the_services_drain_kills_them_at_once() {
+    let dir = scratch_dir("force-stop");
+    let cargo = fake_cargo(&dir, "exit 0");
+    stubborn_services(&dir.join("target").join("debug"));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xtask"))
+        .args(["dev", "--port", &spare_port().to_string()])
+        .env("CARGO", &cargo)
+        .env("CARGO_TARGET_DIR", dir.join("target"))
+        .env(
+            "DATABASE_URL",
+            "postgres://postgres@127.0.0.1:1/never-reached",
+        )
+        .env_remove("REDIS_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    // Whatever happens below, nothing of this run outlives the test.
+    let _group = KillGroupOnDrop(pid);
+    // Until the welcome: every service is running and the API is ready.
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let read = std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
+        assert!(read > 0, "dev stopped before its welcome");
+        if line.contains("Fairlane is running") {
+            break;
+        }
+    }
+    let stopping = Instant::now();
+    kill(&pid.to_string(), "INT");
+    // The services ignore the SIGTERM dev sends them; a second Ctrl-C must not wait 40 s.
+    std::thread::sleep(Duration::from_millis(500));
+    kill(&pid.to_string(), "INT");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            kill_group(pid, "KILL");
+            panic!("xtask dev did not stop within 30 s of the second SIGINT");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("killing every service still running"),
+        "{stderr}"
+    );
+    assert!(
+        stopping.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        stopping.elapsed()
     );
     std::fs::remove_dir_all(dir).unwrap();
 }
