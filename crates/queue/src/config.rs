@@ -101,6 +101,13 @@ impl Default for EngineConfig {
     }
 }
 
+/// The shortest poll, heartbeat and maintenance interval accepted.
+pub const MIN_LOOP_INTERVAL: Duration = Duration::from_millis(10);
+/// The shortest maintenance lease accepted.
+pub const MIN_LEADER_TTL: Duration = Duration::from_millis(300);
+/// The longest maintenance lease accepted (a killed leader's rescues wait up to this long).
+pub const MAX_LEADER_TTL: Duration = Duration::from_secs(3600);
+
 impl EngineConfig {
     /// The longest a dead worker's job can wait before it is runnable again.
     pub fn max_rescue_delay(&self) -> Duration {
@@ -148,6 +155,31 @@ impl EngineConfig {
             if d.is_zero() {
                 return Err(format!("{} must be greater than zero", name(field)));
             }
+        }
+        // Timers that run in a loop: shorter than this they only burn CPU and connections.
+        for (field, d) in [
+            ("poll_interval", self.poll_interval),
+            ("heartbeat_interval", self.heartbeat_interval),
+            ("promote_interval", self.promote_interval),
+            ("rescue_interval", self.rescue_interval),
+            ("clean_interval", self.clean_interval),
+        ] {
+            if d < MIN_LOOP_INTERVAL {
+                return Err(format!(
+                    "{} must be at least {MIN_LOOP_INTERVAL:?}, got {d:?}",
+                    name(field)
+                ));
+            }
+        }
+        // The lease is valid until the renewal's send time plus the TTL: a TTL within a round
+        // trip leaves no one leader long enough to act, and maintenance stops fleet-wide. A long
+        // one keeps a killed leader's lease, and so every rescue, waiting that long.
+        if !(MIN_LEADER_TTL..=MAX_LEADER_TTL).contains(&self.leader_ttl) {
+            return Err(format!(
+                "{} must be between {MIN_LEADER_TTL:?} and 1h, got {:?}",
+                name("leader_ttl"),
+                self.leader_ttl
+            ));
         }
         // Subtracted from or added to the database's clock: far beyond a century the timestamp
         // is out of range, and every clean-up (all states at once) or every retry would fail.
@@ -219,6 +251,31 @@ mod tests {
             named.starts_with("QUEUE_HEARTBEAT_INTERVAL (15s) must be non-zero and at most half of QUEUE_RESCUE_AFTER (20s)"),
             "{named}"
         );
+    }
+
+    #[test]
+    fn busy_loops_and_leases_shorter_than_a_round_trip_are_refused() {
+        let busy = EngineConfig {
+            promote_interval: Duration::from_nanos(1),
+            ..EngineConfig::default()
+        };
+        assert_eq!(
+            busy.validate().unwrap_err(),
+            "promote_interval must be at least 10ms, got 1ns"
+        );
+        for ttl in [Duration::from_millis(1), Duration::from_secs(2 * 3600)] {
+            let lease = EngineConfig {
+                leader_ttl: ttl,
+                ..EngineConfig::default()
+            };
+            assert!(
+                lease
+                    .validate()
+                    .unwrap_err()
+                    .starts_with("leader_ttl must be between 300ms and 1h"),
+                "{ttl:?}"
+            );
+        }
     }
 
     #[test]

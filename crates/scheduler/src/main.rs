@@ -34,8 +34,7 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         common::config::load(cli.config.as_deref()).context("loading configuration")?;
     // Before the pool, telemetry or anything else: bad settings change nothing.
     config.check()?;
-    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    runtime.block_on(async {
+    telemetry::runtime::block_on(async {
         let telemetry = telemetry::init(&config.telemetry)?;
         let shutdown =
             telemetry::shutdown_on_signals().context("installing the SIGTERM/SIGINT handlers")?;
@@ -46,4 +45,5 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         }
         result.context("scheduler failed")
     })
+    .context("starting the async runtime")?
 }

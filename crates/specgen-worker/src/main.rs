@@ -34,10 +34,9 @@ fn run(cli: &Cli) -> anyhow::Result<()> {
         common::config::load(cli.config.as_deref()).context("loading configuration")?;
     // Before the pool, telemetry or anything else: bad settings change nothing.
     config.validate()?;
-    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    runtime
-        .block_on(workerkit::serve(&config.worker, |pool, shutdown| {
-            specgen_worker::run(&config, pool, shutdown)
-        }))
-        .context("specgen-worker failed")
+    telemetry::runtime::block_on(workerkit::serve(&config.worker, |pool, shutdown| {
+        specgen_worker::run(&config, pool, shutdown)
+    }))
+    .context("starting the async runtime")?
+    .context("specgen-worker failed")
 }

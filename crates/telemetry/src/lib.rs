@@ -3,7 +3,7 @@
 //! Prometheus text rendering ([`render_prometheus`]) for the binary's own `/metrics` route.
 //! [`current_trace_context`] and [`set_parent_from`] carry a request's trace into the jobs it
 //! enqueues. [`shutdown_on_signals`] is the SIGTERM/SIGINT listener every service binary starts
-//! beside [`init`].
+//! beside [`init`], on the runtime of [`runtime::block_on`].
 //!
 //! Library crates do not depend on this one for metrics: they record through the OpenTelemetry
 //! API (`opentelemetry::global::meter("fairlane")`) and `tracing`, and pick up whatever
@@ -13,6 +13,7 @@ pub mod config;
 mod otlp_transport;
 pub mod prometheus;
 pub mod propagation;
+pub mod runtime;
 mod setup;
 pub mod signals;
 #[cfg(feature = "test-receiver")]

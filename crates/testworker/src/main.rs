@@ -87,10 +87,9 @@ async fn main() -> anyhow::Result<()> {
         builder = builder.queue(QueueName::new(q)?, n.parse()?);
     }
     let engine = builder.build()?;
+    // Listening before `ready`: a test may send SIGTERM as soon as it reads that line.
+    let shutdown = cancel_on_signals().context("installing the SIGTERM/SIGINT handlers")?;
     println_ready(engine.worker_id());
-
-    let shutdown = CancellationToken::new();
-    tokio::spawn(signal_to_cancel(shutdown.clone()));
     engine.run(shutdown).await?;
     Ok(())
 }
@@ -101,18 +100,20 @@ fn println_ready(worker_id: &str) {
     println!("ready {worker_id}");
 }
 
-async fn signal_to_cancel(shutdown: CancellationToken) {
+/// A token cancelled on the first SIGTERM or SIGINT; both are handled from the moment this
+/// returns (the streams are created here, not in the task that waits on them).
+fn cancel_on_signals() -> std::io::Result<CancellationToken> {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers");
-        return;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-    shutdown.cancel();
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let shutdown = CancellationToken::new();
+    let cancel = shutdown.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        cancel.cancel();
+    });
+    Ok(shutdown)
 }
