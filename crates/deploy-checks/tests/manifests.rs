@@ -515,6 +515,12 @@ fn web_reads_its_rate_limit_rules_from_a_mounted_config_map_folder_that_updates_
 }
 
 /// A duration such as `25s` or `30s` from a ConfigMap, in seconds.
+/// A duration as the services read it (`30s`, `1m`, `1500ms`).
+fn duration(text: &str) -> Duration {
+    humantime::parse_duration(text)
+        .unwrap_or_else(|e| panic!("{text:?} is not a duration the services read: {e}"))
+}
+
 fn seconds(text: &str) -> u64 {
     text.strip_suffix('s')
         .and_then(|n| n.parse().ok())
@@ -580,12 +586,42 @@ fn deployments_have_probes_resources_budgets_graceful_shutdown_and_scaling() {
             let deployment = find("Deployment", name);
             let pod = &deployment["spec"]["template"]["spec"];
             let c = &pod["containers"][0];
-            for probe in ["livenessProbe", "readinessProbe"] {
-                assert!(
-                    c[probe]["httpGet"]["path"].is_string(),
+            // Liveness on /healthz (a database outage must not restart every pod), readiness on
+            // /readyz, both on the port the service listens on (HTTP_ADDR), which is also the
+            // one Prometheus scrapes.
+            for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+                assert_eq!(
+                    c[probe]["httpGet"]["path"], path,
+                    "{overlay} {name}: {probe}"
+                );
+                assert_eq!(
+                    c[probe]["httpGet"]["port"], "http",
                     "{overlay} {name}: {probe}"
                 );
             }
+            let listen = container_env_value(c, &objects, "HTTP_ADDR")
+                .unwrap_or_else(|| panic!("{overlay} {name}: no HTTP_ADDR"));
+            let port: u64 = listen
+                .rsplit_once(':')
+                .and_then(|(_, p)| p.parse().ok())
+                .unwrap_or_else(|| panic!("{overlay} {name}: HTTP_ADDR {listen}"));
+            let named = c["ports"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|p| p["name"] == "http")
+                .unwrap_or_else(|| panic!("{overlay} {name}: no port named http"));
+            assert_eq!(
+                named["containerPort"].as_u64(),
+                Some(port),
+                "{overlay} {name}: containerPort"
+            );
+            let annotations = &deployment["spec"]["template"]["metadata"]["annotations"];
+            assert_eq!(
+                annotations["prometheus.io/port"].as_str(),
+                Some(port.to_string().as_str()),
+                "{overlay} {name}: scrape port"
+            );
             assert!(
                 c["resources"]["requests"]["cpu"].is_string(),
                 "{overlay} {name}: requests"
@@ -668,17 +704,27 @@ fn deployments_have_probes_resources_budgets_graceful_shutdown_and_scaling() {
             .unwrap();
         let delay: u64 = pre_stop[1].as_str().unwrap().parse().unwrap();
         assert!(delay > 0);
-        let drain = seconds(&config("fairlane-web", "HTTP_REQUEST_TIMEOUT"));
-        let flush = |map: &str| {
+        // Each bound is reckoned from the values the container actually gets: its `env`, then
+        // every ConfigMap it loads (the telemetry settings live in fairlane-common; a
+        // per-service ConfigMap overrides the shared ones), else the service's default.
+        let effective =
+            |container: &Value, key: &str| container_env_value(container, &objects, key);
+        let flush = |container: &Value| {
             let mut telemetry = telemetry::TelemetryConfig::default();
-            if let Some(timeout) = config_opt(map, "OTLP_EXPORT_TIMEOUT") {
-                telemetry.otlp_export_timeout = Duration::from_secs(seconds(&timeout));
+            if let Some(timeout) = effective(container, "OTLP_EXPORT_TIMEOUT") {
+                telemetry.otlp_export_timeout = duration(&timeout);
             }
             telemetry.shutdown_bound().as_secs_f64()
         };
-        let web_bound = (delay + drain) as f64
+        let web_container = &web["containers"][0];
+        let drain = duration(
+            &effective(web_container, "HTTP_REQUEST_TIMEOUT")
+                .unwrap_or_else(|| panic!("{overlay} web: no HTTP_REQUEST_TIMEOUT")),
+        );
+        let web_bound = delay as f64
+            + drain.as_secs_f64()
             + web::BATCH_THREAD_STOP_BOUND.as_secs_f64()
-            + flush("fairlane-web");
+            + flush(web_container);
         let grace = web["terminationGracePeriodSeconds"].as_u64().unwrap();
         assert!(
             grace as f64 > web_bound,
@@ -691,22 +737,21 @@ fn deployments_have_probes_resources_budgets_graceful_shutdown_and_scaling() {
         // Workers: grace above the worst shutdown (the engine's drain and bounded steps, the
         // health server and gauge, the telemetry flush); KEDA owns their replicas and watches
         // their queues.
-        let engine = queue::EngineConfig {
-            shutdown_timeout: Duration::from_secs(seconds(&config(
-                "fairlane-workers",
-                "QUEUE_SHUTDOWN_TIMEOUT",
-            ))),
-            cancel_grace: Duration::from_secs(seconds(&config(
-                "fairlane-workers",
-                "QUEUE_CANCEL_GRACE",
-            ))),
-            ..queue::EngineConfig::default()
-        };
-        let worker_bound = (engine.shutdown_bound() + workerkit::SHUTDOWN_OVERHEAD_BOUND)
-            .as_secs_f64()
-            + flush("fairlane-workers");
         for (name, queues) in &workers {
             let deployment = find("Deployment", name);
+            let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+            let defaults = queue::EngineConfig::default();
+            let setting = |key: &str, default: Duration| {
+                effective(container, key).map_or(default, |v| duration(&v))
+            };
+            let engine = queue::EngineConfig {
+                shutdown_timeout: setting("QUEUE_SHUTDOWN_TIMEOUT", defaults.shutdown_timeout),
+                cancel_grace: setting("QUEUE_CANCEL_GRACE", defaults.cancel_grace),
+                ..queue::EngineConfig::default()
+            };
+            let worker_bound = (engine.shutdown_bound() + workerkit::SHUTDOWN_OVERHEAD_BOUND)
+                .as_secs_f64()
+                + flush(container);
             let grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
                 .as_u64()
                 .unwrap();
