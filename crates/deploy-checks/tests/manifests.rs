@@ -521,12 +521,6 @@ fn duration(text: &str) -> Duration {
         .unwrap_or_else(|e| panic!("{text:?} is not a duration the services read: {e}"))
 }
 
-fn seconds(text: &str) -> u64 {
-    text.strip_suffix('s')
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("expected whole seconds, got {text:?}"))
-}
-
 /// KEDA's PostgreSQL scalers read `DATABASE_URL` from the workers' environment but connect
 /// from the `keda` namespace: a short service name there resolves to nothing, and the workers
 /// never scale. The dev overlay's generated URL names its host in full.
@@ -776,6 +770,16 @@ fn deployments_have_probes_resources_budgets_graceful_shutdown_and_scaling() {
             }
             assert_eq!(&watched, queues, "{overlay} {name}: scaled on every lane");
         }
+        // Scheduler: a tick in progress, the elections' resignation and the health server, each
+        // bounded, then the telemetry flush.
+        let scheduler = &find("Deployment", "scheduler")["spec"]["template"]["spec"];
+        let scheduler_bound =
+            scheduler::SHUTDOWN_BOUND.as_secs_f64() + flush(&scheduler["containers"][0]);
+        let grace = scheduler["terminationGracePeriodSeconds"].as_u64().unwrap();
+        assert!(
+            grace as f64 > scheduler_bound,
+            "{overlay} scheduler: grace {grace} s ≤ the worst shutdown {scheduler_bound} s"
+        );
         let job = find("Job", "fairlane-migrate");
         assert_eq!(
             job["spec"]["template"]["spec"]["containers"][0]["args"],

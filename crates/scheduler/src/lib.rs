@@ -48,6 +48,17 @@ use crate::ticks::{SCHEDULER_LEASE, TickStore};
 
 /// How long shutdown waits for a tick in progress before resigning anyway.
 const STOP_ACTING_TIMEOUT: Duration = Duration::from_secs(10);
+/// Then how long the elections (and the queue maintenance one drives) get to finish a pass and
+/// resign; past it they are aborted and their leases expire after their TTL.
+const ELECTIONS_STOP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Then how long the health server gets to stop.
+const HTTP_STOP_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The longest the scheduler takes to stop after SIGTERM, before its telemetry flush
+/// ([`telemetry::TelemetryConfig::shutdown_bound`]): its grace period must exceed the two.
+pub const SHUTDOWN_BOUND: Duration = STOP_ACTING_TIMEOUT
+    .saturating_add(ELECTIONS_STOP_TIMEOUT)
+    .saturating_add(HTTP_STOP_TIMEOUT);
 
 /// Runs the scheduler until `shutdown`: serves HTTP at once, waits for the database schema, then
 /// campaigns and acts. On shutdown it stops acting, then resigns both leases (another replica
@@ -90,7 +101,12 @@ pub async fn run(
         Ok(())
     };
     http_done.cancel();
-    let _ = http_server.await;
+    if tokio::time::timeout(HTTP_STOP_TIMEOUT, http_server)
+        .await
+        .is_err()
+    {
+        tracing::warn!("the health server did not stop in time; leaving it");
+    }
     result
 }
 
@@ -202,7 +218,16 @@ async fn run_ready(
         actors.abort_all();
     }
     background.cancel();
-    while elections.join_next().await.is_some() {}
+    let resigned = tokio::time::timeout(ELECTIONS_STOP_TIMEOUT, async {
+        while elections.join_next().await.is_some() {}
+    })
+    .await;
+    if resigned.is_err() {
+        tracing::warn!(
+            "the elections did not resign in time (the database is slow or away); their leases expire by themselves"
+        );
+        elections.abort_all();
+    }
     tracing::info!("scheduler stopped");
     Ok(())
 }

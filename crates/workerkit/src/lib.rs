@@ -199,17 +199,30 @@ pub fn lazy_pool(config: &WorkerConfig) -> Result<PgPool, WorkerError> {
         .connect_lazy_with(options))
 }
 
-/// Waits until the database is reachable and fully migrated; false if shut down first.
+/// Waits until the database is reachable and fully migrated; false if shut down first (a
+/// shutdown does not wait for a check in progress). Logs the reason it waits, and again each
+/// time the reason changes: a pod stuck on "migrations behind" says so, not only the
+/// "connection refused" of its first try.
 pub async fn wait_for_schema(pool: &PgPool, shutdown: &CancellationToken) -> bool {
     let mut delay = Duration::from_millis(200);
-    let mut warned = false;
+    let mut last_reason: Option<String> = None;
     loop {
-        match schema::check_applied(pool).await {
-            Ok(()) => return true,
+        let checked = tokio::select! {
+            () = shutdown.cancelled() => return false,
+            checked = schema::check_applied(pool) => checked,
+        };
+        match checked {
+            Ok(()) => {
+                if last_reason.is_some() {
+                    tracing::info!("the database is reachable and migrated");
+                }
+                return true;
+            }
             Err(e) => {
-                if !warned {
-                    tracing::warn!(error = %e, "waiting for the database and its migrations");
-                    warned = true;
+                let reason = e.to_string();
+                if last_reason.as_deref() != Some(reason.as_str()) {
+                    tracing::warn!(error = %reason, "waiting for the database and its migrations");
+                    last_reason = Some(reason);
                 }
             }
         }
