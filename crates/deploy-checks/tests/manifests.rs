@@ -790,7 +790,8 @@ fn deployments_have_probes_resources_budgets_graceful_shutdown_and_scaling() {
 
 #[test]
 fn keda_queries_run_against_the_real_schema() {
-    // The scalers' SQL is run by KEDA only in a cluster; run it here against the migrated schema.
+    // The scalers' SQL is run by KEDA only in a cluster; run it here against the migrated schema,
+    // and check its plan.
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -809,6 +810,27 @@ fn keda_queries_run_against_the_real_schema() {
                     .await
                     .unwrap_or_else(|e| panic!("{query}: {e}"));
                 assert_eq!(count, 0);
+                // KEDA runs each one every 15 s: an index must serve every part of it. With
+                // sequential scans priced out, a part that no index can serve still shows one.
+                let mut conn = db.pool.acquire().await.unwrap();
+                sqlx::query("SET enable_seqscan = off")
+                    .execute(&mut *conn)
+                    .await
+                    .unwrap();
+                let plan: Vec<String> =
+                    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN {query}")))
+                        .fetch_all(&mut *conn)
+                        .await
+                        .unwrap();
+                sqlx::query("RESET enable_seqscan")
+                    .execute(&mut *conn)
+                    .await
+                    .unwrap();
+                assert!(
+                    !plan.iter().any(|line| line.contains("Seq Scan")),
+                    "{query}\nreads the whole job table:\n{}",
+                    plan.join("\n")
+                );
             }
         }
     });
