@@ -24,7 +24,7 @@ use crate::config::EngineConfig;
 use crate::error::QueueError;
 use crate::hooks::{Transition, TransitionHook, begin_ordered_scan, run_hooks, wakes_after_commit};
 use crate::insert::INSERT_CHANNEL;
-use crate::job::JobId;
+use crate::job::{JobId, JobState};
 use crate::leader::{LeaderElector, LeaderHandle, duration_millis};
 use crate::notifier::Notifier;
 use crate::runtime::DbHealth;
@@ -424,34 +424,41 @@ async fn rescue_among(
     Ok((rescued, dead))
 }
 
+/// Deletes up to `$3` jobs in final state `$1` finalized more than `$2` milliseconds ago. Keyed
+/// by state, it reads `fairlane_job_finalized_state` from that state's oldest row and only as far
+/// as it deletes.
+const CLEAN_SQL: &str = "DELETE FROM fairlane_job WHERE id IN ( \
+     SELECT id FROM fairlane_job \
+     WHERE state = $1 AND finalized_at IS NOT NULL \
+       AND finalized_at < now() - $2 * interval '1 millisecond' \
+     LIMIT $3)";
+
 /// Deletes final jobs older than their retention; returns how many.
 pub async fn clean_finalized(pool: &PgPool, config: &EngineConfig) -> Result<u64, QueueError> {
     let mut total = 0u64;
-    loop {
-        let deleted = sqlx::query(
-            "DELETE FROM fairlane_job WHERE id IN ( \
-                 SELECT id FROM fairlane_job \
-                 WHERE finalized_at IS NOT NULL AND ( \
-                     (state = 'completed' AND finalized_at < now() - $1 * interval '1 millisecond') \
-                  OR (state = 'cancelled' AND finalized_at < now() - $2 * interval '1 millisecond') \
-                  OR (state = 'discarded' AND finalized_at < now() - $3 * interval '1 millisecond')) \
-                 LIMIT $4)",
-        )
-        .bind(duration_millis(config.retention_completed))
-        .bind(duration_millis(config.retention_cancelled))
-        .bind(duration_millis(config.retention_discarded))
-        .bind(BATCH)
-        .execute(pool)
-        .await?
-        .rows_affected();
-        total += deleted;
-        if deleted < BATCH as u64 {
-            if total > 0 {
-                tracing::info!(jobs = total, "cleaned finalized jobs past retention");
+    for (state, retention) in [
+        (JobState::Completed, config.retention_completed),
+        (JobState::Cancelled, config.retention_cancelled),
+        (JobState::Discarded, config.retention_discarded),
+    ] {
+        loop {
+            let deleted = sqlx::query(CLEAN_SQL)
+                .bind(state)
+                .bind(duration_millis(retention))
+                .bind(BATCH)
+                .execute(pool)
+                .await?
+                .rows_affected();
+            total += deleted;
+            if deleted < BATCH as u64 {
+                break;
             }
-            return Ok(total);
         }
     }
+    if total > 0 {
+        tracing::info!(jobs = total, "cleaned finalized jobs past retention");
+    }
+    Ok(total)
 }
 
 #[cfg(test)]
@@ -464,6 +471,35 @@ mod tests {
     /// particular `scheduled_at` order, as retries and snoozes leave them), a promoter batch
     /// walks the due index in `scheduled_at` order and stops at its limit, instead of reading
     /// every due job and sorting them for each batch.
+    /// A week of cancelled jobs within their retention and a few past it, among a day of
+    /// completed ones: the cancelled state's pass reads only the rows it deletes.
+    #[tokio::test]
+    async fn a_clean_pass_reads_only_what_it_deletes() {
+        let db = analyzed_db(
+            "INSERT INTO fairlane_job (queue, kind, args, state, finalized_at) \
+             SELECT 'q', 'noop', '{}', \
+                    CASE WHEN g % 2 = 0 THEN 'cancelled' ELSE 'completed' END::fairlane_job_state, \
+                    CASE WHEN g <= 100 THEN now() - interval '8 days' \
+                         WHEN g % 2 = 0 THEN now() - random() * interval '6 days' \
+                         ELSE now() - random() * interval '20 hours' END \
+             FROM generate_series(1, 30000) g",
+        )
+        .await;
+        let mut tx = begin_ordered_scan(&db.pool).await.unwrap();
+        let explained: Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "EXPLAIN (ANALYZE, FORMAT JSON) {CLEAN_SQL}"
+        )))
+        .bind(JobState::Cancelled)
+        .bind(duration_millis(Duration::from_secs(7 * 24 * 3600)))
+        .bind(BATCH)
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+        tx.rollback().await.unwrap();
+        // The 50 cancelled rows past retention, and nothing else.
+        assert_walks_index(&explained, "fairlane_job_finalized_state", 50);
+    }
+
     #[tokio::test]
     async fn a_promoter_batch_reads_only_what_it_moves() {
         let db = analyzed_db(
