@@ -40,7 +40,46 @@ pub fn load<T>(file: Option<&Path>) -> Result<T, ConfigError>
 where
     T: Default + Serialize + DeserializeOwned,
 {
-    load_from(file, std::env::vars())
+    load_from(file, unicode_env::<T>(std::env::vars_os())?)
+}
+
+/// The environment as text. A variable whose name or value is not Unicode is left out, unless
+/// it is one of `T`'s settings: that is refused by name (`std::env::vars` would panic on any
+/// such variable, even an unrelated one).
+fn unicode_env<T>(
+    vars: impl IntoIterator<Item = (std::ffi::OsString, std::ffi::OsString)>,
+) -> Result<Vec<(String, String)>, ConfigError>
+where
+    T: Default + Serialize,
+{
+    let settings =
+        serde_json::to_value(T::default()).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+    let mut env = Vec::new();
+    for (name, value) in vars {
+        let Ok(name) = name.into_string() else {
+            continue;
+        };
+        match value.into_string() {
+            Ok(value) => env.push((name, value)),
+            Err(raw)
+                if is_setting_name(&name) && settings.get(name.to_ascii_lowercase()).is_some() =>
+            {
+                return Err(ConfigError::Env {
+                    value: raw.to_string_lossy().into_owned(),
+                    name,
+                    problem: "is not valid UTF-8".into(),
+                });
+            }
+            Err(_) => {}
+        }
+    }
+    Ok(env)
+}
+
+/// Settings are set by their upper-case names only (`DATABASE_URL`, not `database_url`), so
+/// two spellings of one setting cannot both apply in an order the environment decides.
+fn is_setting_name(name: &str) -> bool {
+    !name.bytes().any(|b| b.is_ascii_lowercase())
 }
 
 /// [`load`] with an explicit environment, for tests and for tools that build child environments.
@@ -97,6 +136,9 @@ where
         }
     }
     for (name, text) in env {
+        if !is_setting_name(&name) {
+            continue;
+        }
         let key = name.to_ascii_lowercase();
         let Some(default) = defaults.get(&key) else {
             continue;
@@ -327,6 +369,32 @@ mod tests {
             .unwrap_err()
             .to_string();
         (err, file.path().display().to_string())
+    }
+
+    #[test]
+    fn a_setting_that_is_not_utf8_is_refused_by_name_and_others_are_ignored() {
+        use std::os::unix::ffi::OsStringExt as _;
+        let bad = || std::ffi::OsString::from_vec(vec![b'a', 0xff]);
+        let unrelated = vec![
+            (std::ffi::OsString::from("SOMETHING_ELSE"), bad()),
+            (std::ffi::OsString::from_vec(vec![0xff]), "x".into()),
+            ("LABEL".into(), "kept".into()),
+        ];
+        let env = unicode_env::<Sample>(unrelated).unwrap();
+        assert_eq!(env, [("LABEL".to_owned(), "kept".to_owned())]);
+        let err = unicode_env::<Sample>(vec![("LABEL".into(), bad())]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "environment variable LABEL=\"a\u{fffd}\": is not valid UTF-8"
+        );
+    }
+
+    #[test]
+    fn settings_are_read_from_upper_case_names_only() {
+        let s: Sample = load_from(None, env(&[("label", "lower"), ("LABEL", "upper")])).unwrap();
+        assert_eq!(s.label, "upper");
+        let s: Sample = load_from(None, env(&[("LABEL", "upper"), ("label", "lower")])).unwrap();
+        assert_eq!(s.label, "upper");
     }
 
     #[test]
