@@ -40,6 +40,9 @@ pub(crate) struct QueueWorker {
     pub(crate) max_workers: usize,
 }
 
+/// `attempted_by` keeps the newest 100 workers (both statements below slice to them, as River
+/// does): a job that snoozes for as long as fairness holds it back is fetched again and again,
+/// and its row would otherwise grow with every fetch.
 /// Lock runnable rows in fetch order, then update exactly those row versions by their physical
 /// address (`ctid`): the rows are locked by this statement, so their addresses cannot change, and
 /// this spares a second index descent per row. A row updated by someone else between the
@@ -47,7 +50,7 @@ pub(crate) struct QueueWorker {
 const FETCH_SQL: &str = "
 UPDATE fairlane_job j
 SET state = 'running', attempt = j.attempt + 1, attempted_at = now(),
-    attempted_by = array_append(j.attempted_by, $3)
+    attempted_by = (array_append(j.attempted_by, $3))[greatest(cardinality(j.attempted_by) - 98, 1):]
 WHERE j.ctid = ANY(ARRAY(
     SELECT ctid FROM fairlane_job
     WHERE state = 'available' AND queue = $1
@@ -61,7 +64,7 @@ RETURNING j.*";
 const START_SQL: &str = "
 UPDATE fairlane_job j
 SET state = 'running', attempt = j.attempt + 1, attempted_at = now(),
-    attempted_by = array_append(j.attempted_by, $2)
+    attempted_by = (array_append(j.attempted_by, $2))[greatest(cardinality(j.attempted_by) - 98, 1):]
 WHERE j.id = ANY($1)
 RETURNING j.*";
 

@@ -1213,3 +1213,39 @@ async fn an_orphan_the_hooks_refuse_to_hand_back_does_not_hold_back_the_others()
     .await;
     engine.stop().await;
 }
+
+/// A job fetched again and again (a fairness snooze, hand-backs) keeps only its newest 100
+/// workers in `attempted_by`: its row does not grow with every fetch.
+#[tokio::test]
+async fn attempted_by_keeps_the_newest_hundred_workers() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let job = client
+        .insert(NewJob::new(q("q"), &Tag { n: 1 }).unwrap())
+        .await
+        .unwrap()
+        .job;
+    sqlx::query(
+        "UPDATE fairlane_job SET attempted_by = \
+           ARRAY(SELECT 'old-' || g FROM generate_series(1, 150) g) \
+         WHERE id = $1",
+    )
+    .bind(job.id)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let mut workers = Workers::new();
+    workers.register_fn::<Tag, _, _>(|_, _| async { Ok(()) });
+    let engine = start(&client, fast_config(), &[("q", 1)], workers);
+    let done = eventually(Duration::from_secs(20), "the job completed", || async {
+        let j = client.job(job.id).await.unwrap().unwrap();
+        (j.state == JobState::Completed).then_some(j)
+    })
+    .await;
+    let worker_id = engine.worker_id.clone();
+    engine.stop().await;
+    assert_eq!(done.attempted_by.len(), 100);
+    assert_eq!(done.attempted_by[0], "old-52");
+    assert_eq!(done.attempted_by[98], "old-150");
+    assert_eq!(done.attempted_by[99], worker_id);
+}
