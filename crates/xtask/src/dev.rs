@@ -75,10 +75,26 @@ fn check_port(port: u16) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Where `cargo build` (run in `root`) puts its output: `CARGO_TARGET_DIR` (relative to `root`)
-/// when set, else `root/target`.
-fn target_dir(root: &Path, cargo_target_dir: Option<String>) -> std::path::PathBuf {
-    cargo_target_dir.map_or_else(|| root.join("target"), |dir| root.join(dir))
+/// Where `cargo build` (run in `root`) puts its output, as cargo reports it: `CARGO_TARGET_DIR`,
+/// `build.target-dir` of any cargo configuration, else `root/target`. Guessing from the
+/// environment alone ran stale binaries from `target/` (or none) for anyone whose cargo
+/// configuration moves the target directory.
+fn target_dir(root: &Path) -> anyhow::Result<std::path::PathBuf> {
+    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .current_dir(root)
+        .stderr(Stdio::inherit())
+        .output()
+        .context("running cargo metadata")?;
+    if !out.status.success() {
+        bail!("cargo metadata failed ({})", out.status);
+    }
+    let metadata: serde_json::Value =
+        serde_json::from_slice(&out.stdout).context("cargo metadata printed no JSON")?;
+    metadata["target_directory"]
+        .as_str()
+        .map(std::path::PathBuf::from)
+        .context("cargo metadata names no target_directory")
 }
 
 /// Refuses to start when one of the ports dev gives out is taken: otherwise dev would build,
@@ -139,7 +155,7 @@ fn start_and_run(port: u16, stop: &StopRequest) -> anyhow::Result<()> {
     }
     cargo(&root, &args, &[])?;
     stop.check()?;
-    let target = target_dir(&root, env_setting("CARGO_TARGET_DIR")).join("debug");
+    let target = target_dir(&root)?.join("debug");
 
     let admin_token = dev_admin_token()?;
     let mut env: Vec<(String, String)> = vec![

@@ -194,22 +194,30 @@ fn a_port_in_use_is_refused_before_anything_starts() {
 }
 
 #[test]
-fn the_services_are_run_from_cargo_target_dir() {
+fn the_services_are_run_from_the_target_directory_cargo_reports() {
+    // Cargo decides where its output goes (CARGO_TARGET_DIR, `build.target-dir` in any cargo
+    // configuration): dev asks it, instead of guessing from its own environment.
     let dir = scratch_dir("target-dir");
-    stand_in_exiting(&dir, "cargo", 0);
-    let debug = dir.join("elsewhere").join("debug");
+    let cargo = stand_in_exiting(&dir, "cargo", 0);
+    let elsewhere = dir.join("elsewhere");
+    let script = std::fs::read_to_string(&cargo).unwrap().replace(
+        "exit 0\n",
+        &format!(
+            "[ \"$1\" = metadata ] && echo '{{\"target_directory\":\"{}\"}}'\nexit 0\n",
+            elsewhere.display()
+        ),
+    );
+    std::fs::write(&cargo, script).unwrap();
+    let debug = elsewhere.join("debug");
     std::fs::create_dir_all(&debug).unwrap();
     stand_in(&debug, "web");
     let out = dev(
         &dir,
         &["--port", &spare_port()],
-        &[
-            (
-                "DATABASE_URL",
-                "postgres://postgres@127.0.0.1:1/never-reached",
-            ),
-            ("CARGO_TARGET_DIR", dir.join("elsewhere").to_str().unwrap()),
-        ],
+        &[(
+            "DATABASE_URL",
+            "postgres://postgres@127.0.0.1:1/never-reached",
+        )],
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");

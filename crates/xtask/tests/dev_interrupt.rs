@@ -254,7 +254,10 @@ impl Drop for KillGroupOnDrop {
 #[test]
 fn a_second_sigint_while_the_services_drain_kills_them_at_once() {
     let dir = scratch_dir("force-stop");
-    let cargo = fake_cargo(&dir, "exit 0");
+    let cargo = fake_cargo(
+        &dir,
+        "[ \"$1\" = metadata ] && printf '{\"target_directory\":\"%s\"}' \"$CARGO_TARGET_DIR\"\nexit 0",
+    );
     stubborn_services(&dir.join("target").join("debug"));
     let mut child = Command::new(env!("CARGO_BIN_EXE_xtask"))
         .args(["dev", "--port", &spare_port().to_string()])
