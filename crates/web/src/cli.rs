@@ -95,7 +95,7 @@ pub async fn run_admin(config: &WebConfig, command: AdminCommand) -> anyhow::Res
 
 /// Applies the migrations.
 pub async fn run_migrate(config: &WebConfig) -> anyhow::Result<()> {
-    let pool = crate::pool(config)?;
+    let pool = crate::migration_pool(config)?;
     schema::migrate(&pool).await.context("migrating")?;
     tracing::info!("migrations applied");
     pool.close().await;

@@ -37,6 +37,12 @@ pub struct WebConfig {
     /// Longest time one request may take before it is answered with 503 and rolled back.
     #[serde(with = "humantime_serde")]
     pub http_request_timeout: Duration,
+    /// Longest a statement of the API waits for a row lock (a user's row held by a stuck
+    /// session elsewhere) before the request is answered 503 `database_busy`, nothing changed.
+    /// At or above `HTTP_REQUEST_TIMEOUT`, the request's own timeout answers first (503
+    /// `timeout`, rolled back).
+    #[serde(with = "humantime_serde")]
+    pub database_lock_timeout: Duration,
     /// Largest request body accepted, in bytes.
     pub http_body_limit: usize,
     /// A request's headers must arrive within this, counted from when the connection is ready
@@ -82,6 +88,7 @@ impl Default for WebConfig {
             analyzer_allow_file_urls: false,
             analyzer_allow_private_hosts: false,
             http_request_timeout: Duration::from_secs(30),
+            database_lock_timeout: Duration::from_secs(5),
             http_body_limit: 16 * 1024,
             http_header_read_timeout: Duration::from_secs(75),
             http_max_connections: 4096,
@@ -155,6 +162,7 @@ impl WebConfig {
             ("HTTP_HEADER_READ_TIMEOUT", self.http_header_read_timeout),
             ("RATELIMIT_DEADLINE", self.ratelimit_deadline),
             ("RESOLVE_TIMEOUT", self.resolve_timeout),
+            ("DATABASE_LOCK_TIMEOUT", self.database_lock_timeout),
         ] {
             if d.is_zero() {
                 return Err(format!("{name} must be longer than zero"));

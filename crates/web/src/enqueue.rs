@@ -274,8 +274,16 @@ impl BatchRun for EnqueueRunner {
                         requests = batch.len(),
                         "an enqueue batch failed before committing; retrying its requests one by one"
                     );
+                    // A user whose row another session holds past the lock timeout keeps the
+                    // others waiting once per request: their next requests are answered at once.
+                    let mut busy_users = std::collections::HashSet::new();
                     for pending in batch {
-                        self.run_alone(pending).await;
+                        let user = pending.item.user_id;
+                        if busy_users.contains(&user) {
+                            pending.answer(Err(Problem::database_busy()));
+                        } else if self.run_alone(pending).await {
+                            busy_users.insert(user);
+                        }
                     }
                     return;
                 }
@@ -294,11 +302,11 @@ impl BatchRun for EnqueueRunner {
 }
 
 impl EnqueueRunner {
-    /// One request in a transaction of its own.
-    async fn run_alone(&self, pending: Pending<Self>) {
+    /// One request in a transaction of its own; says whether it was answered `database_busy`.
+    async fn run_alone(&self, pending: Pending<Self>) -> bool {
         loop {
             if pending.is_abandoned() || pending.item.claim.is_abandoned() {
-                return;
+                return false;
             }
             let outcome = self.enqueue_all(&[&pending.item]).await;
             let outcome = match outcome {
@@ -309,8 +317,9 @@ impl EnqueueRunner {
                 Err(BatchError::BeforeCommit(p) | BatchError::AtCommit(p)) => Err(p),
                 Err(BatchError::ConnectionLost(e)) => Err(Problem::from(e)),
             };
+            let busy = matches!(&outcome, Err(p) if p.code() == "database_busy");
             pending.answer(outcome);
-            return;
+            return busy;
         }
     }
 
@@ -406,7 +415,7 @@ impl EnqueueRunner {
         }
         tx.commit()
             .await
-            .map_err(|e| BatchError::AtCommit(e.into()))?;
+            .map_err(|e| BatchError::AtCommit(Problem::internal(&e)))?;
         Ok(outcomes
             .into_iter()
             .map(|o| o.unwrap_or_else(|| Err(Problem::internal(&"a request got no outcome"))))

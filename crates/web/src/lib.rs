@@ -92,16 +92,51 @@ fn quota_problem_at(e: quota::QuotaError, now: chrono::DateTime<chrono::Utc>) ->
 /// and `/readyz` says so). Its sessions use generic plans: every statement of the API is an
 /// index look-up or a batch over arrays, whose custom plans PostgreSQL would otherwise re-plan
 /// on every execution (12% more `POST` throughput measured, docs/benchmarks.md).
+///
+/// No statement of the API waits for a lock for longer than `DATABASE_LOCK_TIMEOUT` (a user's
+/// row held by a stuck session elsewhere would otherwise stall every enqueue batch behind it),
+/// and no transaction of it stays idle for longer than `HTTP_REQUEST_TIMEOUT` (one that does is
+/// a web process frozen mid-batch: the server ends its session and so releases its locks for
+/// everyone else). There is no statement timeout: a commit that runs past the request's timeout
+/// is answered `timeout_outcome_unknown` and must still be able to finish.
 pub fn pool(config: &WebConfig) -> anyhow::Result<PgPool> {
-    config.check_connections().map_err(anyhow::Error::msg)?;
-    let options: PgConnectOptions = config
-        .database_url
-        .parse()
-        .context("DATABASE_URL is not a PostgreSQL URL")?;
+    let lock_timeout = postgres_millis(config.database_lock_timeout);
+    let request_timeout = postgres_millis(config.http_request_timeout);
+    let options = connect_options(config)?.options([
+        ("plan_cache_mode", "force_generic_plan"),
+        ("lock_timeout", lock_timeout.as_str()),
+        (
+            "idle_in_transaction_session_timeout",
+            request_timeout.as_str(),
+        ),
+    ]);
     Ok(PgPoolOptions::new()
         .max_connections(config.database_max_connections)
         .acquire_timeout(Duration::from_secs(10))
-        .connect_lazy_with(options.options([("plan_cache_mode", "force_generic_plan")])))
+        .connect_lazy_with(options))
+}
+
+/// The connect options of `config`'s database, with no session settings: migrations may wait
+/// on locks and run long.
+fn connect_options(config: &WebConfig) -> anyhow::Result<PgConnectOptions> {
+    config.check_connections().map_err(anyhow::Error::msg)?;
+    config
+        .database_url
+        .parse()
+        .context("DATABASE_URL is not a PostgreSQL URL")
+}
+
+/// A pool for migrations: the server's defaults, no lock or statement timeout.
+pub fn migration_pool(config: &WebConfig) -> anyhow::Result<PgPool> {
+    Ok(PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_lazy_with(connect_options(config)?))
+}
+
+/// `d` as a PostgreSQL duration setting, in whole milliseconds (at least 1: 0 would mean none).
+fn postgres_millis(d: Duration) -> String {
+    format!("{}ms", d.as_millis().max(1))
 }
 
 /// The address-space cap of the `git ls-remote` that resolves a branch or tag.

@@ -87,6 +87,11 @@ pub const CODES: &[(&str, u16, &str)] = &[
          they may have taken effect",
     ),
     ("not_ready", 503, "The service cannot serve requests yet"),
+    (
+        "database_busy",
+        503,
+        "The data this request needs is held by another session too long; nothing was changed",
+    ),
     ("internal", 500, "An unexpected error on the server"),
 ];
 
@@ -230,9 +235,37 @@ impl IntoResponse for Problem {
     }
 }
 
+impl Problem {
+    /// A 503 `database_busy`: a statement waited for a lock (`DATABASE_LOCK_TIMEOUT`), or ran,
+    /// too long and was cancelled, so its transaction changed nothing.
+    pub fn database_busy() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "database_busy",
+            "the database kept this request waiting too long; nothing was changed, retry shortly",
+        )
+        .header(http::header::RETRY_AFTER, HeaderValue::from_static("1"))
+    }
+}
+
+/// Whether `e` is PostgreSQL cancelling a statement for waiting on a lock (55P03) or running
+/// past `statement_timeout` (57014).
+fn kept_waiting(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|db| db.code())
+        .is_some_and(|code| code == "55P03" || code == "57014")
+}
+
+/// Errors before a commit: a cancelled statement is `database_busy`, anything else `internal`.
+/// (At a commit nothing is known: see the enqueue batch's own answer.)
 impl From<sqlx::Error> for Problem {
     fn from(e: sqlx::Error) -> Self {
-        Problem::internal(&e)
+        if kept_waiting(&e) {
+            tracing::warn!(error = %e, "a statement was cancelled for waiting too long");
+            Problem::database_busy()
+        } else {
+            Problem::internal(&e)
+        }
     }
 }
 

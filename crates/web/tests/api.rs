@@ -1735,3 +1735,53 @@ async fn private_hosts_are_refused_unless_the_analyzer_may_reach_them() {
     assert_eq!(accepted.status, 202, "{}", accepted.text());
     s.stop().await;
 }
+
+/// A user's row held by another session (a web process frozen mid-batch, an operator's open
+/// transaction) holds that user's requests for at most `DATABASE_LOCK_TIMEOUT`: they are
+/// answered 503 `database_busy` with nothing written, and other users' requests go through.
+/// Without the lock timeout the batch waited for as long as the lock was held, and every
+/// request queued behind it timed out.
+#[tokio::test]
+async fn a_user_row_held_elsewhere_is_answered_busy_while_others_go_through() {
+    let db = TestDb::new().await;
+    let mut c = config(&db);
+    c.database_lock_timeout = Duration::from_millis(500);
+    let s = TestServer::start(c).await;
+    let (stuck, stuck_key) = user_with_key(&db.pool, "pro").await;
+    let (_, other_key) = user_with_key(&db.pool, "pro").await;
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM users WHERE id = $1 FOR UPDATE")
+        .bind(stuck)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let before = written_rows(&db.pool).await;
+    let first = analysis_body(1);
+    let (busy, other) = tokio::join!(
+        s.http.post_json("/v1/analyses", &stuck_key, &first),
+        async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            s.http
+                .post_json("/v1/analyses", &other_key, &analysis_body(2))
+                .await
+        }
+    );
+    busy.problem(503, "database_busy");
+    assert_eq!(busy.header("retry-after"), Some("1"));
+    assert_eq!(other.status.as_u16(), 202, "{}", other.text());
+    let after = written_rows(&db.pool).await;
+    holder.rollback().await.unwrap();
+    // One job, reservation and analysis: the other user's. (Usage and specviews unchanged.)
+    let added: Vec<i64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
+    assert_eq!(
+        added,
+        [1, 1, 0, 1, 0],
+        "jobs, reservations, usage, analyses, specviews"
+    );
+    let again = s
+        .http
+        .post_json("/v1/analyses", &stuck_key, &analysis_body(3))
+        .await;
+    assert_eq!(again.status.as_u16(), 202, "{}", again.text());
+    s.stop().await;
+}
