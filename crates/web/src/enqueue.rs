@@ -80,6 +80,18 @@ pub enum Enqueued {
 }
 
 impl EnqueueRequest {
+    /// `problem` naming the record this request creates (`analysis_id` or `specview_id`).
+    fn with_record_id(&self, problem: Problem) -> Problem {
+        match &self.record {
+            NewRecord::Analysis { analysis_id, .. } => {
+                problem.with("analysis_id", analysis_id.to_string())
+            }
+            NewRecord::Specview { specview_id, .. } => {
+                problem.with("specview_id", specview_id.to_string())
+            }
+        }
+    }
+
     /// A request carrying the current span's trace context.
     pub fn new(user_id: Uuid, record: NewRecord) -> Self {
         EnqueueRequest {
@@ -287,8 +299,18 @@ impl BatchRun for EnqueueRunner {
                     }
                     return;
                 }
-                // Alone, or at the commit (whose effect is unknown): the problem is the answer.
-                Err(BatchError::AtCommit(problem) | BatchError::BeforeCommit(problem)) => {
+                // At the commit, whose effect is unknown: never retried; each request is told
+                // its record's id, to look it up.
+                Err(BatchError::AtCommit(problem)) => {
+                    for pending in batch {
+                        let problem = problem.clone();
+                        let answer = pending.item.with_record_id(problem);
+                        pending.answer(Err(answer));
+                    }
+                    return;
+                }
+                // Alone: the problem is the answer.
+                Err(BatchError::BeforeCommit(problem)) => {
                     answer_all(batch, &problem);
                     return;
                 }
@@ -314,7 +336,8 @@ impl EnqueueRunner {
                     .pop()
                     .unwrap_or_else(|| Err(Problem::internal(&"an enqueue gave no outcome"))),
                 Err(BatchError::Abandoned) => continue,
-                Err(BatchError::BeforeCommit(p) | BatchError::AtCommit(p)) => Err(p),
+                Err(BatchError::BeforeCommit(p)) => Err(p),
+                Err(BatchError::AtCommit(p)) => Err(pending.item.with_record_id(p)),
                 Err(BatchError::ConnectionLost(e)) => Err(Problem::from(e)),
             };
             let busy = matches!(&outcome, Err(p) if p.code() == "database_busy");
@@ -415,7 +438,7 @@ impl EnqueueRunner {
         }
         tx.commit()
             .await
-            .map_err(|e| BatchError::AtCommit(Problem::internal(&e)))?;
+            .map_err(|e| BatchError::AtCommit(Problem::commit_outcome_unknown(&e)))?;
         Ok(outcomes
             .into_iter()
             .map(|o| o.unwrap_or_else(|| Err(Problem::internal(&"a request got no outcome"))))

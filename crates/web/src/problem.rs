@@ -86,6 +86,11 @@ pub const CODES: &[(&str, u16, &str)] = &[
         "The request took longer than the server's limit while its writes were being committed; \
          they may have taken effect",
     ),
+    (
+        "commit_outcome_unknown",
+        503,
+        "The database failed while committing the request's writes; they may have taken effect",
+    ),
     ("not_ready", 503, "The service cannot serve requests yet"),
     (
         "database_busy",
@@ -236,6 +241,19 @@ impl IntoResponse for Problem {
 }
 
 impl Problem {
+    /// A 503 `commit_outcome_unknown` for `error`, which is logged (not shown): the `COMMIT` was
+    /// sent and failed, so whether it took effect is unknown. The caller adds the record's id,
+    /// so the client can look it up before sending the request again.
+    pub fn commit_outcome_unknown(error: &dyn std::fmt::Display) -> Self {
+        tracing::error!(%error, "a commit failed; its outcome is unknown");
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "commit_outcome_unknown",
+            "the database failed while committing this request; it may have taken effect: look \
+             it up by the id given here before sending it again",
+        )
+    }
+
     /// A 503 `database_busy`: a statement waited for a lock (`DATABASE_LOCK_TIMEOUT`), or ran,
     /// too long and was cancelled, so its transaction changed nothing.
     pub fn database_busy() -> Self {
