@@ -770,6 +770,36 @@ fn deployments_have_probes_resources_budgets_graceful_shutdown_and_scaling() {
             }
             assert_eq!(&watched, queues, "{overlay} {name}: scaled on every lane");
         }
+        // The queue-maintenance settings are shared through one election among the workers and
+        // the scheduler (docs/operations.md): each must resolve to the same value in all three,
+        // or a leader with a shorter QUEUE_RESCUE_AFTER than a worker's heartbeat allows would
+        // rescue that worker's live jobs and run them twice.
+        for key in [
+            "QUEUE_MAINTENANCE",
+            "QUEUE_HEARTBEAT_INTERVAL",
+            "QUEUE_RESCUE_AFTER",
+            "QUEUE_RESCUE_INTERVAL",
+            "QUEUE_PROMOTE_INTERVAL",
+            "QUEUE_CLEAN_INTERVAL",
+            "QUEUE_LEADER_TTL",
+            "QUEUE_RETENTION_COMPLETED",
+            "QUEUE_RETENTION_FAILED",
+        ] {
+            let values: BTreeSet<Option<String>> =
+                ["analyzer-worker", "specgen-worker", "scheduler"]
+                    .iter()
+                    .map(|name| {
+                        let container =
+                            &find("Deployment", name)["spec"]["template"]["spec"]["containers"][0];
+                        effective(container, key)
+                    })
+                    .collect();
+            assert_eq!(
+                values.len(),
+                1,
+                "{overlay}: {key} differs between the workers and the scheduler: {values:?}"
+            );
+        }
         // Scheduler: a tick in progress, the elections' resignation and the health server, each
         // bounded, then the telemetry flush.
         let scheduler = &find("Deployment", "scheduler")["spec"]["template"]["spec"];
