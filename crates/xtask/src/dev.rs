@@ -39,6 +39,9 @@ pub(crate) fn run(port: u16) -> anyhow::Result<()> {
     // of the terminal's Ctrl-C) would keep running.
     let stop = StopRequest::install()?;
     match start_and_run(port, &stop) {
+        // Decided when the service died: a Ctrl-C during the stop that follows does not make
+        // it an interruption.
+        Err(e) if e.is::<ServiceDied>() => Err(e),
         Err(e) if e.is::<Interrupted>() => {
             say("interrupted; everything this run started is stopped");
             Ok(())
@@ -212,13 +215,28 @@ fn start_and_run(port: u16, stop: &StopRequest) -> anyhow::Result<()> {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
+    // A service that exited because the terminal's Ctrl-C reached it too was not a crash: the
+    // handler's flag may be set a moment after its exit is seen. Decided now, before the stop.
+    let died = failed.filter(|_| !stop.requested_within(Duration::from_secs(1)));
     running.stop();
     private_postgres.stop();
-    match failed {
-        Some(reason) => bail!(reason),
+    match died {
+        Some(reason) => Err(ServiceDied(reason).into()),
         None => Ok(()),
     }
 }
+
+/// A service exited on its own while `dev` ran.
+#[derive(Debug)]
+struct ServiceDied(String);
+
+impl std::fmt::Display for ServiceDied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ServiceDied {}
 
 /// How many times Ctrl-C (SIGINT), SIGTERM or SIGHUP has arrived. The handler only counts:
 /// [`start_and_run`] checks for a first one between its steps and in its main loop, and

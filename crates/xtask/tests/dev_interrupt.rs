@@ -206,7 +206,7 @@ fn sigint_with_stderr_gone_still_stops_dev_cleanly() {
 /// Writes stand-ins for the four services into `debug` (a `CARGO_TARGET_DIR`'s `debug`): each
 /// ignores SIGTERM, as a service stuck draining would. `web` answers the admin commands dev runs
 /// and, as the API, serves `/readyz` with 200 on `HTTP_ADDR`.
-fn stubborn_services(debug: &Path) {
+fn stubborn_services(debug: &Path, crashing: Option<&str>) {
     std::fs::create_dir_all(debug).unwrap();
     let web = r#"#!/bin/sh
 case "$1 $2" in
@@ -229,16 +229,60 @@ http.server.HTTPServer((host, int(port)), Ready).serve_forever()
 '
 "#;
     let worker = "#!/bin/sh\ntrap '' TERM\nwhile true; do sleep 0.1; done\n";
+    let crash = "#!/bin/sh\nsleep 3\nexit 3\n";
     for (name, script) in [
         ("web", web),
         ("analyzer-worker", worker),
         ("specgen-worker", worker),
         ("scheduler", worker),
     ] {
+        let script = if crashing == Some(name) {
+            crash
+        } else {
+            script
+        };
         let path = debug.join(name);
         std::fs::write(&path, script).unwrap();
         let status = Command::new("chmod").arg("+x").arg(&path).status().unwrap();
         assert!(status.success());
+    }
+}
+
+/// `xtask dev` with the stand-in cargo of `dir`, whose services are in `dir/target`.
+fn dev_with_stand_ins(dir: &Path, cargo: &Path) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_xtask"))
+        .args(["dev", "--port", &spare_port().to_string()])
+        .env("CARGO", cargo)
+        .env("CARGO_TARGET_DIR", dir.join("target"))
+        .env(
+            "DATABASE_URL",
+            "postgres://postgres@127.0.0.1:1/never-reached",
+        )
+        .env_remove("REDIS_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap()
+}
+
+/// Reads `from` line by line until one contains `marker` (panics if it ends first); returns
+/// what it read.
+fn read_until(from: &mut impl std::io::Read, marker: &str) -> String {
+    let mut seen = Vec::new();
+    let mut byte = [0u8; 1];
+    loop {
+        let read = from.read(&mut byte).unwrap();
+        assert!(
+            read > 0,
+            "ended before {marker:?}:\n{}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.push(byte[0]);
+        if byte[0] == b'\n' && String::from_utf8_lossy(&seen).contains(marker) {
+            return String::from_utf8_lossy(&seen).into_owned();
+        }
     }
 }
 
@@ -258,36 +302,13 @@ fn a_second_sigint_while_the_services_drain_kills_them_at_once() {
         &dir,
         "[ \"$1\" = metadata ] && printf '{\"target_directory\":\"%s\"}' \"$CARGO_TARGET_DIR\"\nexit 0",
     );
-    stubborn_services(&dir.join("target").join("debug"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_xtask"))
-        .args(["dev", "--port", &spare_port().to_string()])
-        .env("CARGO", &cargo)
-        .env("CARGO_TARGET_DIR", dir.join("target"))
-        .env(
-            "DATABASE_URL",
-            "postgres://postgres@127.0.0.1:1/never-reached",
-        )
-        .env_remove("REDIS_URL")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .unwrap();
+    stubborn_services(&dir.join("target").join("debug"), None);
+    let mut child = dev_with_stand_ins(&dir, &cargo);
     let pid = child.id();
     // Whatever happens below, nothing of this run outlives the test.
     let _group = KillGroupOnDrop(pid);
     // Until the welcome: every service is running and the API is ready.
-    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    loop {
-        line.clear();
-        let read = std::io::BufRead::read_line(&mut stdout, &mut line).unwrap();
-        assert!(read > 0, "dev stopped before its welcome");
-        if line.contains("Fairlane is running") {
-            break;
-        }
-    }
+    read_until(child.stdout.as_mut().unwrap(), "Fairlane is running");
     let stopping = Instant::now();
     kill(&pid.to_string(), "INT");
     // The services ignore the SIGTERM dev sends them; a second Ctrl-C must not wait 40 s.
@@ -312,5 +333,33 @@ fn a_second_sigint_while_the_services_drain_kills_them_at_once() {
         "{:?}",
         stopping.elapsed()
     );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn a_service_that_dies_is_a_failure_even_if_ctrl_c_comes_while_the_rest_stop() {
+    let dir = scratch_dir("crash");
+    let cargo = fake_cargo(
+        &dir,
+        "[ \"$1\" = metadata ] && printf '{\"target_directory\":\"%s\"}' \"$CARGO_TARGET_DIR\"\nexit 0",
+    );
+    stubborn_services(&dir.join("target").join("debug"), Some("analyzer-worker"));
+    let mut child = dev_with_stand_ins(&dir, &cargo);
+    let pid = child.id();
+    let _group = KillGroupOnDrop(pid);
+    read_until(child.stdout.as_mut().unwrap(), "Fairlane is running");
+    // The analyzer stand-in exits; dev stops the rest, which ignore SIGTERM; the user presses
+    // Ctrl-C while waiting.
+    read_until(child.stderr.as_mut().unwrap(), "stopping every service");
+    kill(&pid.to_string(), "INT");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "dev did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("analyzer-worker exited"), "{stderr}");
     std::fs::remove_dir_all(dir).unwrap();
 }
