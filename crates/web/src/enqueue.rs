@@ -36,7 +36,7 @@ use crate::commit_claim::{self, CommitClaim};
 use crate::held::HeldConnections;
 use crate::middleware::TimeoutWatch;
 use crate::problem::Problem;
-use crate::routes::{ANALYSIS_COLUMNS, AnalysisView};
+use crate::routes::{ANALYSIS_COLUMNS_WITHOUT_RESULT, AnalysisView};
 
 /// The record a job fills, created in the job's transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -577,9 +577,9 @@ fn cached_and_standings_sql() -> &'static str {
                                      cached_from, result, completed_at) \
                SELECT copy_id, user_id, repository, requested_ref, commit, 'completed', \
                       source_id, result, now() FROM source \
-               RETURNING {ANALYSIS_COLUMNS} \
+               RETURNING {ANALYSIS_COLUMNS_WITHOUT_RESULT} \
              ), cache_hit AS ( \
-               SELECT own.ord, {ANALYSIS_COLUMNS} FROM own \
+               SELECT own.ord, {ANALYSIS_COLUMNS_WITHOUT_RESULT} FROM own \
                JOIN analyses ON analyses.id = own.own_id \
                UNION ALL \
                SELECT source.ord, copied.* FROM copied JOIN source ON source.copy_id = copied.id \

@@ -155,7 +155,14 @@ pub async fn create(
     )
     .await?
     {
-        Enqueued::Cached(view) => Ok((StatusCode::OK, Json(view)).into_response()),
+        // The batch answered without the inventory (see ANALYSIS_COLUMNS_WITHOUT_RESULT): it is
+        // read here, after the commit.
+        Enqueued::Cached(view) => {
+            let full = read_analysis(&state, view.id, user.user_id)
+                .await?
+                .ok_or_else(|| Problem::internal(&"a cached analysis vanished after its commit"))?;
+            Ok((StatusCode::OK, Json(full)).into_response())
+        }
         Enqueued::Accepted(job) => {
             let job_id = job.id;
             Ok(super::accepted_job(
@@ -188,11 +195,22 @@ pub async fn get(
     let Ok(analysis_id) = id.parse::<Uuid>() else {
         return Err(not_found());
     };
+    read_analysis(&state, analysis_id, user.user_id)
+        .await?
+        .map(Json)
+        .ok_or_else(not_found)
+}
+
+/// The analysis `id` of `user`, if there is one.
+async fn read_analysis(
+    state: &AppState,
+    id: Uuid,
+    user: Uuid,
+) -> Result<Option<AnalysisView>, Problem> {
     let sql = format!("SELECT {ANALYSIS_COLUMNS} FROM analyses WHERE id = $1 AND user_id = $2");
-    let row: Option<AnalysisView> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-        .bind(analysis_id)
-        .bind(user.user_id)
+    Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(id)
+        .bind(user)
         .fetch_optional(&state.pool)
-        .await?;
-    row.map(Json).ok_or_else(not_found)
+        .await?)
 }

@@ -190,6 +190,13 @@ pub const ANALYSIS_COLUMNS: &str = "id, repository, requested_ref, commit, state
      CASE WHEN state = 'completed' AND jsonb_typeof(result) = 'object' THEN result END AS result, \
      error, created_at, updated_at, completed_at";
 
+/// [`ANALYSIS_COLUMNS`] with no result (`NULL`): for the enqueue batch's cache hits, whose
+/// inventories (megabytes for a large repository) are read after the commit, on the request's
+/// own task, not decoded on the batch thread while the batch holds its users' locks.
+pub const ANALYSIS_COLUMNS_WITHOUT_RESULT: &str = "id, repository, requested_ref, commit, \
+     state::text AS state, job_id, cached_from IS NOT NULL AND job_id IS NULL AS cached, \
+     NULL::jsonb AS result, error, created_at, updated_at, completed_at";
+
 /// A specview record.
 #[derive(Debug, Clone, Serialize, ToSchema, sqlx::FromRow)]
 pub struct SpecviewView {
