@@ -269,6 +269,28 @@ impl PrivatePostgres {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
+    /// Waits for (and then holds, until the returned file is dropped) the lock beside the
+    /// server's folder.
+    fn take_turn(&self) -> anyhow::Result<std::fs::File> {
+        let path = self.dir.with_extension("lock");
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
+        }
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        if file.try_lock().is_err() {
+            say("waiting for another run that is starting the private PostgreSQL");
+            file.lock()
+                .with_context(|| format!("locking {}", path.display()))?;
+        }
+        Ok(file)
+    }
+
     /// Starts the server unless one already runs on the port. A running one is reused, except
     /// that one running with fsync off (started by `cargo xtask test`) is not what a benchmark
     /// or `dev` asked for: it is restarted with the server's defaults when it is this folder's,
@@ -276,8 +298,11 @@ impl PrivatePostgres {
     fn start(&self, durability: Durability) -> anyhow::Result<(String, Option<StartedPostgres>)> {
         let url = self.url();
         let data = self.dir.join("data");
+        // One run at a time checks, starts or restarts the server: two starting it at once would
+        // both run `pg_ctl start`, and the loser's clean-up would stop the winner's server.
+        let _turn = self.take_turn()?;
         if reachable(&format!("127.0.0.1:{}", self.port)) {
-            let (fsync, data_directory) = running_settings(&url).map_err(|why| {
+            let (fsync, sessions, data_directory) = running_settings(&url).map_err(|why| {
                 anyhow::anyhow!(
                     "the server on 127.0.0.1:{} cannot be used as the private PostgreSQL ({why}); \
                      stop it, or set DATABASE_URL",
@@ -295,6 +320,14 @@ impl PrivatePostgres {
                     "the PostgreSQL on 127.0.0.1:{} runs with fsync off and keeps its data in {data_directory}, \
                      not {}: stop it, or set DATABASE_URL",
                     self.port,
+                    data.display()
+                );
+            }
+            if sessions > 0 {
+                bail!(
+                    "the private PostgreSQL at {url} runs with fsync off (for tests) and {sessions} \
+                     other sessions use it (a test run?): wait for them, stop it \
+                     (pg_ctl -D {} stop), or set DATABASE_URL",
                     data.display()
                 );
             }
@@ -375,15 +408,23 @@ impl PrivatePostgres {
     }
 }
 
-/// `fsync` and `data_directory` of the server at `url`.
-fn running_settings(url: &str) -> Result<(String, String), String> {
+/// `fsync`, how many other client sessions are connected, and `data_directory` of the server
+/// at `url`.
+fn running_settings(url: &str) -> Result<(String, u64, String), String> {
     let row = postgres_query(
         url,
-        "SELECT current_setting('fsync') || ' ' || current_setting('data_directory')",
+        "SELECT current_setting('fsync') || ' ' || \
+           (SELECT count(*) FROM pg_stat_activity \
+            WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()) || ' ' || \
+           current_setting('data_directory')",
     )?;
-    row.split_once(' ')
-        .map(|(fsync, dir)| (fsync.to_owned(), dir.to_owned()))
-        .ok_or_else(|| format!("unexpected answer `{row}`"))
+    let mut parts = row.splitn(3, ' ');
+    match (parts.next(), parts.next().map(str::parse), parts.next()) {
+        (Some(fsync), Some(Ok(sessions)), Some(dir)) => {
+            Ok((fsync.to_owned(), sessions, dir.to_owned()))
+        }
+        _ => Err(format!("unexpected answer `{row}`")),
+    }
 }
 
 /// Whether two paths name the same folder (both canonicalised when they exist).
@@ -580,6 +621,37 @@ mod tests {
         // Tests reuse it as it is.
         let (_, reused) = server.postgres.start(Durability::Tests).unwrap();
         assert!(reused.is_none());
+        // Not while another session uses it (a test run would lose its database).
+        let mut user = Command::new("psql")
+            .args([
+                "--no-psqlrc",
+                "-qAtc",
+                "SELECT pg_sleep(2)",
+                &server.postgres.url(),
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while running_settings(&server.postgres.url()).unwrap().1 == 0 {
+            assert!(std::time::Instant::now() < deadline, "psql never connected");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let in_use = server
+            .postgres
+            .start(Durability::Default)
+            .unwrap_err()
+            .to_string();
+        assert!(in_use.contains("other sessions use it"), "{in_use}");
+        assert_eq!(server.fsync(), "off");
+        assert!(user.wait().unwrap().success());
+        while running_settings(&server.postgres.url()).unwrap().1 > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "psql's session never ended"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
         // A benchmark (or dev) gets it restarted with durable settings.
         let (_, restarted) = server.postgres.start(Durability::Default).unwrap();
         assert!(restarted.is_some());
@@ -597,6 +669,25 @@ mod tests {
         let refused = other.start(Durability::Default).unwrap_err().to_string();
         assert!(refused.contains("runs with fsync off"), "{refused}");
         assert_eq!(server.fsync(), "off");
+    }
+
+    #[test]
+    fn two_runs_starting_the_private_postgres_at_once_take_turns() {
+        let server = ScratchServer::new("together");
+        let started: Vec<bool> = std::thread::scope(|scope| {
+            let runs: Vec<_> = (0..2)
+                .map(|_| scope.spawn(|| server.postgres.start(Durability::Tests)))
+                .collect();
+            runs.into_iter()
+                .map(|run| run.join().unwrap().unwrap().1.is_some())
+                .collect()
+        });
+        assert_eq!(
+            started.iter().filter(|s| **s).count(),
+            1,
+            "one starts it, the other uses it: {started:?}"
+        );
+        assert_eq!(server.fsync(), "off", "and it is still running");
     }
 
     #[test]
