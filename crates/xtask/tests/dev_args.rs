@@ -137,7 +137,7 @@ fn an_empty_database_url_is_unset() {
     // touching whatever answers. It says the server is durable, and refuses everything else.
     let script = std::fs::read_to_string(&psql).unwrap().replace(
         "exit 1\n",
-        "case \"$*\" in *current_setting*) echo 'on /elsewhere'; exit 0;; esac\nexit 1\n",
+        "case \"$*\" in *current_setting*) echo 'on 0 /elsewhere'; exit 0;; esac\nexit 1\n",
     );
     std::fs::write(&psql, script).unwrap();
     let _listener = std::net::TcpListener::bind("127.0.0.1:25432");
