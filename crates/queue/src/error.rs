@@ -79,9 +79,14 @@ pub fn is_connection_error(e: &sqlx::Error) -> bool {
         | sqlx::Error::Tls(_) => true,
         sqlx::Error::Database(db) => {
             // Class 08 (connection exception), 57P01-57P03 (admin shutdown, crash shutdown,
-            // cannot connect now), 53300 (too many connections).
+            // cannot connect now), 57P05 (idle session timeout), 25P03 (idle in transaction
+            // timeout: the server ended the session), 53300 (too many connections).
             db.code().is_some_and(|c| {
-                c.starts_with("08") || matches!(c.as_ref(), "57P01" | "57P02" | "57P03" | "53300")
+                c.starts_with("08")
+                    || matches!(
+                        c.as_ref(),
+                        "57P01" | "57P02" | "57P03" | "57P05" | "25P03" | "53300"
+                    )
             })
         }
         _ => false,

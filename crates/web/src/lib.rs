@@ -134,9 +134,14 @@ pub fn migration_pool(config: &WebConfig) -> anyhow::Result<PgPool> {
         .connect_lazy_with(connect_options(config)?))
 }
 
-/// `d` as a PostgreSQL duration setting, in whole milliseconds (at least 1: 0 would mean none).
+/// `d` as a PostgreSQL duration setting, in whole milliseconds: at least 1 (0 would mean none)
+/// and at most 2³¹−1 (about 24.8 days; PostgreSQL refuses more, and every connection would
+/// fail).
 fn postgres_millis(d: Duration) -> String {
-    format!("{}ms", d.as_millis().max(1))
+    format!(
+        "{}ms",
+        d.as_millis().clamp(1, i32::MAX.unsigned_abs().into())
+    )
 }
 
 /// The address-space cap of the `git ls-remote` that resolves a branch or tag.

@@ -1801,3 +1801,21 @@ async fn a_user_row_held_elsewhere_is_answered_busy_while_others_go_through() {
     assert_eq!(again.status.as_u16(), 202, "{}", again.text());
     s.stop().await;
 }
+
+/// Timeouts longer than PostgreSQL's settings can hold (2³¹−1 ms, about 24.8 days) are sent as
+/// that maximum: every connection used to be refused at its start.
+#[tokio::test]
+async fn timeouts_beyond_what_postgresql_can_hold_still_connect() {
+    let db = TestDb::new().await;
+    let mut c = config(&db);
+    c.http_request_timeout = Duration::from_secs(100 * 24 * 3600);
+    c.database_lock_timeout = Duration::from_secs(50 * 24 * 3600);
+    let s = TestServer::start(c).await;
+    let (_, key) = user_with_key(&db.pool, "pro").await;
+    let r = s
+        .http
+        .post_json("/v1/analyses", &key, &analysis_body(1))
+        .await;
+    assert_eq!(r.status.as_u16(), 202, "{}", r.text());
+    s.stop().await;
+}
