@@ -148,6 +148,7 @@ pub async fn create(
         requested_ref: git_ref.map(str::to_owned),
         commit: commit.clone(),
     };
+    let after_commit = watch.clone();
     match enqueue(
         &state.enqueuer,
         EnqueueRequest::new(user.user_id, record),
@@ -156,11 +157,19 @@ pub async fn create(
     .await?
     {
         // The batch answered without the inventory (see ANALYSIS_COLUMNS_WITHOUT_RESULT): it is
-        // read here, after the commit.
+        // read here, after the commit. The copy is committed by now, so a timeout meanwhile must
+        // not say "nothing was changed", and a failed read names the analysis to look up.
         Enqueued::Cached(view) => {
+            if let Some(Extension(watch)) = &after_commit {
+                watch.outcome_unknown();
+            }
+            let committed = |e: &dyn std::fmt::Display| {
+                Problem::internal(e).with("analysis_id", view.id.to_string())
+            };
             let full = read_analysis(&state, view.id, user.user_id)
-                .await?
-                .ok_or_else(|| Problem::internal(&"a cached analysis vanished after its commit"))?;
+                .await
+                .map_err(|e| committed(&e))?
+                .ok_or_else(|| committed(&"a cached analysis vanished after its commit"))?;
             Ok((StatusCode::OK, Json(full)).into_response())
         }
         Enqueued::Accepted(job) => {
@@ -206,11 +215,11 @@ async fn read_analysis(
     state: &AppState,
     id: Uuid,
     user: Uuid,
-) -> Result<Option<AnalysisView>, Problem> {
+) -> Result<Option<AnalysisView>, sqlx::Error> {
     let sql = format!("SELECT {ANALYSIS_COLUMNS} FROM analyses WHERE id = $1 AND user_id = $2");
-    Ok(sqlx::query_as(sqlx::AssertSqlSafe(sql))
+    sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(id)
         .bind(user)
         .fetch_optional(&state.pool)
-        .await?)
+        .await
 }
