@@ -514,7 +514,6 @@ fn web_reads_its_rate_limit_rules_from_a_mounted_config_map_folder_that_updates_
     );
 }
 
-/// A duration such as `25s` or `30s` from a ConfigMap, in seconds.
 /// A duration as the services read it (`30s`, `1m`, `1500ms`).
 fn duration(text: &str) -> Duration {
     humantime::parse_duration(text)
@@ -774,26 +773,32 @@ fn deployments_have_probes_resources_budgets_graceful_shutdown_and_scaling() {
         // the scheduler (docs/operations.md): each must resolve to the same value in all three,
         // or a leader with a shorter QUEUE_RESCUE_AFTER than a worker's heartbeat allows would
         // rescue that worker's live jobs and run them twice.
-        for key in [
-            "QUEUE_MAINTENANCE",
-            "QUEUE_HEARTBEAT_INTERVAL",
-            "QUEUE_RESCUE_AFTER",
-            "QUEUE_RESCUE_INTERVAL",
-            "QUEUE_PROMOTE_INTERVAL",
-            "QUEUE_CLEAN_INTERVAL",
-            "QUEUE_LEADER_TTL",
-            "QUEUE_RETENTION_COMPLETED",
-            "QUEUE_RETENTION_FAILED",
+        let queue_defaults = queue::EngineConfig::default();
+        for (key, default) in [
+            (
+                "QUEUE_HEARTBEAT_INTERVAL",
+                queue_defaults.heartbeat_interval,
+            ),
+            ("QUEUE_RESCUE_AFTER", queue_defaults.rescue_after),
+            ("QUEUE_RESCUE_INTERVAL", queue_defaults.rescue_interval),
+            ("QUEUE_PROMOTE_INTERVAL", queue_defaults.promote_interval),
+            ("QUEUE_CLEAN_INTERVAL", queue_defaults.clean_interval),
+            ("QUEUE_LEADER_TTL", queue_defaults.leader_ttl),
+            (
+                "QUEUE_RETENTION_COMPLETED",
+                queue_defaults.retention_completed,
+            ),
+            ("QUEUE_RETENTION_FAILED", queue_defaults.retention_discarded),
         ] {
-            let values: BTreeSet<Option<String>> =
-                ["analyzer-worker", "specgen-worker", "scheduler"]
-                    .iter()
-                    .map(|name| {
-                        let container =
-                            &find("Deployment", name)["spec"]["template"]["spec"]["containers"][0];
-                        effective(container, key)
-                    })
-                    .collect();
+            // As the services read them: `1s` and `1000ms` agree, and so do unset and the default.
+            let values: BTreeSet<Duration> = ["analyzer-worker", "specgen-worker", "scheduler"]
+                .iter()
+                .map(|name| {
+                    let container =
+                        &find("Deployment", name)["spec"]["template"]["spec"]["containers"][0];
+                    effective(container, key).map_or(default, |v| duration(&v))
+                })
+                .collect();
             assert_eq!(
                 values.len(),
                 1,

@@ -467,10 +467,6 @@ mod tests {
     use crate::plan_nodes::{analyzed_db, assert_walks_index};
     use serde_json::Value;
 
-    /// With statistics that have seen the table (24,000 due jobs among 36,000, stored in no
-    /// particular `scheduled_at` order, as retries and snoozes leave them), a promoter batch
-    /// walks the due index in `scheduled_at` order and stops at its limit, instead of reading
-    /// every due job and sorting them for each batch.
     /// A week of cancelled jobs within their retention and a few past it, among a day of
     /// completed ones: the cancelled state's pass reads only the rows it deletes.
     #[tokio::test]
@@ -500,6 +496,10 @@ mod tests {
         assert_walks_index(&explained, "fairlane_job_finalized_state", 50);
     }
 
+    /// With statistics that have seen the table (24,000 due jobs among 36,000, stored in no
+    /// particular `scheduled_at` order, as retries and snoozes leave them), a promoter batch
+    /// walks the due index in `scheduled_at` order and stops at its limit, instead of reading
+    /// every due job and sorting them for each batch.
     #[tokio::test]
     async fn a_promoter_batch_reads_only_what_it_moves() {
         let db = analyzed_db(

@@ -206,7 +206,8 @@ fn sigint_with_stderr_gone_still_stops_dev_cleanly() {
 /// Writes stand-ins for the four services into `debug` (a `CARGO_TARGET_DIR`'s `debug`): each
 /// ignores SIGTERM, as a service stuck draining would. `web` answers the admin commands dev runs
 /// and, as the API, serves `/readyz` with 200 on `HTTP_ADDR`.
-fn stubborn_services(debug: &Path, crashing: Option<&str>) {
+/// `crashing`: a service that exits (status 3) once the file given appears.
+fn stubborn_services(debug: &Path, crashing: Option<(&str, &Path)>) {
     std::fs::create_dir_all(debug).unwrap();
     let web = r#"#!/bin/sh
 case "$1 $2" in
@@ -229,17 +230,21 @@ http.server.HTTPServer((host, int(port)), Ready).serve_forever()
 '
 "#;
     let worker = "#!/bin/sh\ntrap '' TERM\nwhile true; do sleep 0.1; done\n";
-    let crash = "#!/bin/sh\nsleep 3\nexit 3\n";
+    let crash = crashing.map(|(_, when)| {
+        format!(
+            "#!/bin/sh\nwhile [ ! -e '{}' ]; do sleep 0.05; done\nexit 3\n",
+            when.display()
+        )
+    });
     for (name, script) in [
         ("web", web),
         ("analyzer-worker", worker),
         ("specgen-worker", worker),
         ("scheduler", worker),
     ] {
-        let script = if crashing == Some(name) {
-            crash
-        } else {
-            script
+        let script = match (&crash, crashing) {
+            (Some(crash), Some((crashing, _))) if crashing == name => crash.as_str(),
+            _ => script,
         };
         let path = debug.join(name);
         std::fs::write(&path, script).unwrap();
@@ -343,11 +348,16 @@ fn a_service_that_dies_is_a_failure_even_if_ctrl_c_comes_while_the_rest_stop() {
         &dir,
         "[ \"$1\" = metadata ] && printf '{\"target_directory\":\"%s\"}' \"$CARGO_TARGET_DIR\"\nexit 0",
     );
-    stubborn_services(&dir.join("target").join("debug"), Some("analyzer-worker"));
+    let crash_now = dir.join("crash-now");
+    stubborn_services(
+        &dir.join("target").join("debug"),
+        Some(("analyzer-worker", &crash_now)),
+    );
     let mut child = dev_with_stand_ins(&dir, &cargo);
     let pid = child.id();
     let _group = KillGroupOnDrop(pid);
     read_until(child.stdout.as_mut().unwrap(), "Fairlane is running");
+    std::fs::write(&crash_now, "").unwrap();
     // The analyzer stand-in exits; dev stops the rest, which ignore SIGTERM; the user presses
     // Ctrl-C while waiting.
     read_until(child.stderr.as_mut().unwrap(), "stopping every service");

@@ -380,6 +380,7 @@ mod tests {
         let with_file = disk_usage(&dir);
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(folders > empty, "{folders} after 100 empty folders");
-        assert_eq!(with_file - folders, 1000);
+        // The file, and whatever its name adds to its folder (tmpfs, XFS and btrfs count names).
+        assert!(with_file - folders >= 1000, "{with_file} - {folders}");
     }
 }
