@@ -80,6 +80,7 @@ pub(crate) fn lex(src: &str, lang: Lang) -> Vec<Token<'_>> {
         line_start: 0,
         first_on_line: true,
         no_regex_before: 0,
+        failed_regex_scans: 0,
         out: Vec::new(),
     }
     .run()
@@ -93,10 +94,12 @@ struct Lexer<'s> {
     line: u32,
     line_start: usize,
     first_on_line: bool,
-    /// A `/` before this offset is never read as a regex: a regex scan from earlier on the line
-    /// found no end before it. Trying again from every later `/` of the line would take time
-    /// growing with the square of the line (`[/[/[/…`).
+    /// A `/` before this offset is never read as a regex: [`MAX_FAILED_REGEX_SCANS`] regex scans
+    /// on the line found no end before it. Trying again from every `/` of the line would take
+    /// time growing with the square of the line (`[/[/[/…`).
     no_regex_before: usize,
+    /// Regex scans that found no end since the last line break.
+    failed_regex_scans: u32,
     out: Vec<Token<'s>>,
 }
 
@@ -134,6 +137,9 @@ fn dollar_ident(lang: Lang) -> bool {
     matches!(lang, Lang::Js | Lang::Java)
 }
 
+/// Regex scans of one line that may find no end before the rest of it is read as plain text.
+const MAX_FAILED_REGEX_SCANS: u32 = 16;
+
 const JS_REGEX_KEYWORDS: [&str; 14] = [
     "return",
     "typeof",
@@ -162,6 +168,7 @@ impl<'s> Lexer<'s> {
                     self.line += 1;
                     self.line_start = self.i;
                     self.first_on_line = true;
+                    self.failed_regex_scans = 0;
                 }
                 b' ' | b'\t' | b'\r' | 0x0c => self.i += 1,
                 b'#' if self.lang == Lang::Python => self.skip_line(),
@@ -199,7 +206,13 @@ impl<'s> Lexer<'s> {
                     match self.regex_end(self.i + 1) {
                         Ok(end) => self.emit(Tok::Regex, self.i, end),
                         Err(stopped) => {
-                            self.no_regex_before = stopped;
+                            // A few more tries keep a real regex after an odd `/[` (a scan
+                            // from the later `/` starts outside any class); past them, the rest
+                            // of the line is read once.
+                            self.failed_regex_scans += 1;
+                            if self.failed_regex_scans >= MAX_FAILED_REGEX_SCANS {
+                                self.no_regex_before = stopped;
+                            }
                             self.emit(Tok::Punct(b'/'), self.i, self.i + 1);
                         }
                     }
@@ -794,8 +807,14 @@ mod tests {
             "{:?}",
             started.elapsed()
         );
+        // A regex after an odd `/[` on the same line is still one.
+        assert!(
+            kinds("a = /[ ; b = /x'/", Lang::Js).contains(&"re:/x'/".to_owned()),
+            "{:?}",
+            kinds("a = /[ ; b = /x'/", Lang::Js)
+        );
         // The next line starts afresh.
-        let after = format!("{}\nx = /a[/]b/g;", "[/".repeat(3));
+        let after = format!("{}\nx = /a[/]b/g;", "[/".repeat(300));
         assert!(
             kinds(&after, Lang::Js).contains(&"re:/a[/]b/g".to_owned()),
             "{:?}",
