@@ -269,20 +269,26 @@ impl PrivatePostgres {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
-    /// Waits for (and then holds, until the returned file is dropped) the lock beside the
-    /// server's folder.
-    fn take_turn(&self) -> anyhow::Result<std::fs::File> {
-        let path = self.dir.with_extension("lock");
+    /// The file beside the server's folder with `extension`, created if need be.
+    fn lock_file(&self, extension: &str) -> anyhow::Result<std::fs::File> {
+        let path = self.dir.with_extension(extension);
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)
                 .with_context(|| format!("creating {}", parent.display()))?;
         }
-        let file = std::fs::OpenOptions::new()
+        std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .open(&path)
-            .with_context(|| format!("opening {}", path.display()))?;
+            .with_context(|| format!("opening {}", path.display()))
+    }
+
+    /// Waits for (and then holds, until the returned file is dropped) the lock beside the
+    /// server's folder.
+    fn take_turn(&self) -> anyhow::Result<std::fs::File> {
+        let path = self.dir.with_extension("lock");
+        let file = self.lock_file("lock")?;
         if file.try_lock().is_err() {
             say("waiting for another run that is starting the private PostgreSQL");
             file.lock()
@@ -302,6 +308,13 @@ impl PrivatePostgres {
         // both run `pg_ctl start`, and the loser's clean-up would stop the winner's server.
         let _turn = self.take_turn()?;
         if reachable(&format!("127.0.0.1:{}", self.port)) {
+            if durability == Durability::Tests {
+                say(format!(
+                    "using the private PostgreSQL already running at {url} (left running)"
+                ));
+                self.hold_in_use()?;
+                return Ok((url, None));
+            }
             let (fsync, sessions, data_directory) = running_settings(&url).map_err(|why| {
                 anyhow::anyhow!(
                     "the server on 127.0.0.1:{} cannot be used as the private PostgreSQL ({why}); \
@@ -309,10 +322,11 @@ impl PrivatePostgres {
                     self.port
                 )
             })?;
-            if durability == Durability::Tests || fsync == "on" {
+            if fsync == "on" {
                 say(format!(
                     "using the private PostgreSQL already running at {url} (left running)"
                 ));
+                self.hold_in_use()?;
                 return Ok((url, None));
             }
             if !same_folder(Path::new(&data_directory), &data) {
@@ -320,6 +334,18 @@ impl PrivatePostgres {
                     "the PostgreSQL on 127.0.0.1:{} runs with fsync off and keeps its data in {data_directory}, \
                      not {}: stop it, or set DATABASE_URL",
                     self.port,
+                    data.display()
+                );
+            }
+            // Every run that uses the server holds `…/postgres.users` shared while it lives,
+            // between its test binaries too: a restart needs it alone.
+            self.release_in_use();
+            let users = self.lock_file("users")?;
+            if users.try_lock().is_err() {
+                bail!(
+                    "the private PostgreSQL at {url} runs with fsync off (for tests) and another \
+                     run uses it (cargo xtask test?): wait for it, stop the server \
+                     (pg_ctl -D {} stop), or set DATABASE_URL",
                     data.display()
                 );
             }
@@ -404,8 +430,38 @@ impl PrivatePostgres {
         say(format!(
             "private PostgreSQL running at {url} (stop: pg_ctl -D {data_str} stop)"
         ));
+        self.hold_in_use()?;
         Ok((url, Some(started)))
     }
+
+    /// Marks this process as a user of the server until it exits: a shared lock on
+    /// `…/postgres.users`, which a restart must take alone.
+    fn hold_in_use(&self) -> anyhow::Result<()> {
+        let file = self.lock_file("users")?;
+        file.lock_shared()
+            .context("locking the private PostgreSQL's users file")?;
+        in_use()
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(self.dir.clone(), file);
+        Ok(())
+    }
+
+    /// Lets go of this process's own hold (before it restarts the server itself).
+    fn release_in_use(&self) {
+        in_use()
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&self.dir);
+    }
+}
+
+/// This process's shared locks on the private servers it uses, by folder.
+fn in_use() -> &'static std::sync::Mutex<std::collections::HashMap<PathBuf, std::fs::File>> {
+    static IN_USE: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::HashMap<PathBuf, std::fs::File>>,
+    > = std::sync::OnceLock::new();
+    IN_USE.get_or_init(Default::default)
 }
 
 /// `fsync`, how many other client sessions are connected, and `data_directory` of the server
@@ -609,6 +665,9 @@ mod tests {
         fn drop(&mut self) {
             self.stop();
             let _ = std::fs::remove_dir_all(&self.postgres.dir);
+            for lock in ["lock", "users"] {
+                let _ = std::fs::remove_file(self.postgres.dir.with_extension(lock));
+            }
         }
     }
 
@@ -621,6 +680,18 @@ mod tests {
         // Tests reuse it as it is.
         let (_, reused) = server.postgres.start(Durability::Tests).unwrap();
         assert!(reused.is_none());
+        // Not while another run holds it (a test run between its test binaries).
+        let other_run = server.postgres.dir.with_extension("users");
+        let other_run = std::fs::File::open(&other_run).unwrap();
+        other_run.lock_shared().unwrap();
+        let in_use = server
+            .postgres
+            .start(Durability::Default)
+            .unwrap_err()
+            .to_string();
+        assert!(in_use.contains("another run uses it"), "{in_use}");
+        drop(other_run);
+        server.postgres.hold_in_use().unwrap();
         // Not while another session uses it (a test run would lose its database).
         let mut user = Command::new("psql")
             .args([
