@@ -346,7 +346,7 @@ impl PrivatePostgres {
     fn stop(&mut self) {
         if let Some(server) = self.0.take() {
             say("stopping the private PostgreSQL (its data stays in .fairlane/postgres)");
-            if let Err(e) = server.stop() {
+            if let Err(e) = server.stop_unless_in_use() {
                 say(format!("could not stop the private PostgreSQL: {e:#}"));
             }
         }

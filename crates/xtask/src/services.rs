@@ -227,6 +227,26 @@ pub(crate) struct StartedPostgres {
 }
 
 impl StartedPostgres {
+    /// [`StartedPostgres::stop`], unless another run uses the server (a `cargo xtask test` that
+    /// reused the one `dev` started): then it is left running, and says so.
+    pub(crate) fn stop_unless_in_use(self) -> anyhow::Result<()> {
+        let dir = self
+            .data
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        release_in_use(&dir);
+        let turn = lock_file_beside(&dir, "lock")?;
+        turn.lock()
+            .context("locking the private PostgreSQL's lock file")?;
+        let users = lock_file_beside(&dir, "users")?;
+        if users.try_lock().is_err() {
+            say("another run uses the private PostgreSQL: leaving it running");
+            return Ok(());
+        }
+        self.stop()
+    }
+
     /// Stops the server, ending its sessions (`pg_ctl stop -m fast`); its data stays for the
     /// next start.
     pub(crate) fn stop(self) -> anyhow::Result<()> {
@@ -269,19 +289,9 @@ impl PrivatePostgres {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
-    /// The file beside the server's folder with `extension`, created if need be.
+    /// The file beside the server's folder with `extension` ([`lock_file_beside`]).
     fn lock_file(&self, extension: &str) -> anyhow::Result<std::fs::File> {
-        let path = self.dir.with_extension(extension);
-        if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)
-                .with_context(|| format!("creating {}", parent.display()))?;
-        }
-        std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .with_context(|| format!("opening {}", path.display()))
+        lock_file_beside(&self.dir, extension)
     }
 
     /// Waits for (and then holds, until the returned file is dropped) the lock beside the
@@ -308,13 +318,6 @@ impl PrivatePostgres {
         // both run `pg_ctl start`, and the loser's clean-up would stop the winner's server.
         let _turn = self.take_turn()?;
         if reachable(&format!("127.0.0.1:{}", self.port)) {
-            if durability == Durability::Tests {
-                say(format!(
-                    "using the private PostgreSQL already running at {url} (left running)"
-                ));
-                self.hold_in_use()?;
-                return Ok((url, None));
-            }
             let (fsync, sessions, data_directory) = running_settings(&url).map_err(|why| {
                 anyhow::anyhow!(
                     "the server on 127.0.0.1:{} cannot be used as the private PostgreSQL ({why}); \
@@ -322,6 +325,21 @@ impl PrivatePostgres {
                     self.port
                 )
             })?;
+            if durability == Durability::Tests {
+                say(format!(
+                    "using the private PostgreSQL already running at {url} (left running)"
+                ));
+                // Held beside the folder the server runs from, which may be another
+                // checkout's: the port is the same for every checkout.
+                let server_dir = Path::new(&data_directory).parent().unwrap_or(&self.dir);
+                if let Err(e) = hold_in_use(server_dir) {
+                    say(format!(
+                        "could not mark the private PostgreSQL as in use ({e:#}); a `dev` or \
+                         bench run meanwhile may restart it"
+                    ));
+                }
+                return Ok((url, None));
+            }
             if fsync == "on" {
                 say(format!(
                     "using the private PostgreSQL already running at {url} (left running)"
@@ -434,26 +452,59 @@ impl PrivatePostgres {
         Ok((url, Some(started)))
     }
 
-    /// Marks this process as a user of the server until it exits: a shared lock on
-    /// `…/postgres.users`, which a restart must take alone.
     fn hold_in_use(&self) -> anyhow::Result<()> {
-        let file = self.lock_file("users")?;
-        file.lock_shared()
-            .context("locking the private PostgreSQL's users file")?;
-        in_use()
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(self.dir.clone(), file);
-        Ok(())
+        hold_in_use(&self.dir)
     }
 
-    /// Lets go of this process's own hold (before it restarts the server itself).
     fn release_in_use(&self) {
-        in_use()
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(&self.dir);
+        release_in_use(&self.dir);
     }
+}
+
+/// The file `dir` with `extension` (`.fairlane/postgres.lock` beside `.fairlane/postgres`),
+/// created if need be. An existing one is opened for reading only, which is all `flock` needs:
+/// a root run's file stays usable by a later run as another user.
+fn lock_file_beside(dir: &Path, extension: &str) -> anyhow::Result<std::fs::File> {
+    let path = dir.with_extension(extension);
+    match std::fs::File::open(&path) {
+        Ok(file) => return Ok(file),
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(e).with_context(|| format!("opening {}", path.display()));
+        }
+        Err(_) => {}
+    }
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("creating {}", path.display()))
+}
+
+/// Marks this process as a user of the server kept in `dir` until it exits: a shared lock on
+/// `dir.users`, which a restart or a stop must take alone.
+fn hold_in_use(dir: &Path) -> anyhow::Result<()> {
+    let file = lock_file_beside(dir, "users")?;
+    file.lock_shared()
+        .context("locking the private PostgreSQL's users file")?;
+    in_use()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .insert(dir.to_path_buf(), file);
+    Ok(())
+}
+
+/// Lets go of this process's own hold on the server kept in `dir` (before it restarts or stops
+/// the server itself).
+fn release_in_use(dir: &Path) {
+    in_use()
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .remove(dir);
 }
 
 /// This process's shared locks on the private servers it uses, by folder.
@@ -759,6 +810,29 @@ mod tests {
             "one starts it, the other uses it: {started:?}"
         );
         assert_eq!(server.fsync(), "off", "and it is still running");
+    }
+
+    #[test]
+    fn a_private_postgres_another_run_uses_is_not_stopped_under_it() {
+        let server = ScratchServer::new("stop-in-use");
+        let (_, started) = server.postgres.start(Durability::Tests).unwrap();
+        let started = started.unwrap();
+        // A test run that reused the server `dev` started.
+        let other_run = std::fs::File::open(server.postgres.dir.with_extension("users")).unwrap();
+        other_run.lock_shared().unwrap();
+        StartedPostgres {
+            bindir: started.bindir.clone(),
+            data: started.data.clone(),
+        }
+        .stop_unless_in_use()
+        .unwrap();
+        assert_eq!(server.fsync(), "off", "still running for the other run");
+        drop(other_run);
+        started.stop_unless_in_use().unwrap();
+        assert!(
+            running_settings(&server.postgres.url()).is_err(),
+            "stopped once no one else uses it"
+        );
     }
 
     #[test]
