@@ -198,6 +198,16 @@ impl Drop for GivingUp {
 
 type Outcome = Result<Enqueued, Problem>;
 
+/// How a request run alone (after its batch failed) ended.
+enum Solo {
+    /// With its answer.
+    Answered,
+    /// With `database_busy`: its user's row is held elsewhere.
+    Busy,
+    /// With this problem, because the database could not be reached: so will the next ones.
+    Unreachable(Problem),
+}
+
 /// Why a batch did not commit.
 enum BatchError {
     /// A statement failed: nothing happened, so a retry is safe.
@@ -288,13 +298,24 @@ impl BatchRun for EnqueueRunner {
                     );
                     // A user whose row another session holds past the lock timeout keeps the
                     // others waiting once per request: their next requests are answered at once.
+                    // And once the database is out of reach, the rest are answered with that at
+                    // once, rather than each waiting for a connection in turn.
                     let mut busy_users = std::collections::HashSet::new();
+                    let mut unreachable: Option<Problem> = None;
                     for pending in batch {
                         let user = pending.item.user_id;
-                        if busy_users.contains(&user) {
+                        if let Some(problem) = &unreachable {
+                            pending.answer(Err(problem.clone()));
+                        } else if busy_users.contains(&user) {
                             pending.answer(Err(Problem::database_busy()));
-                        } else if self.run_alone(pending).await {
-                            busy_users.insert(user);
+                        } else {
+                            match self.run_alone(pending).await {
+                                Solo::Answered => {}
+                                Solo::Busy => {
+                                    busy_users.insert(user);
+                                }
+                                Solo::Unreachable(problem) => unreachable = Some(problem),
+                            }
                         }
                     }
                     return;
@@ -324,25 +345,35 @@ impl BatchRun for EnqueueRunner {
 }
 
 impl EnqueueRunner {
-    /// One request in a transaction of its own; says whether it was answered `database_busy`.
-    async fn run_alone(&self, pending: Pending<Self>) -> bool {
+    /// One request in a transaction of its own.
+    async fn run_alone(&self, pending: Pending<Self>) -> Solo {
         loop {
             if pending.is_abandoned() || pending.item.claim.is_abandoned() {
-                return false;
+                return Solo::Answered;
             }
             let outcome = self.enqueue_all(&[&pending.item]).await;
-            let outcome = match outcome {
-                Ok(mut outcomes) => outcomes
-                    .pop()
-                    .unwrap_or_else(|| Err(Problem::internal(&"an enqueue gave no outcome"))),
+            let (outcome, solo) = match outcome {
+                Ok(mut outcomes) => (
+                    outcomes
+                        .pop()
+                        .unwrap_or_else(|| Err(Problem::internal(&"an enqueue gave no outcome"))),
+                    Solo::Answered,
+                ),
                 Err(BatchError::Abandoned) => continue,
-                Err(BatchError::BeforeCommit(p)) => Err(p),
-                Err(BatchError::AtCommit(p)) => Err(pending.item.with_record_id(p)),
-                Err(BatchError::ConnectionLost(e)) => Err(Problem::from(e)),
+                Err(BatchError::BeforeCommit(p)) if p.code() == "database_busy" => {
+                    (Err(p), Solo::Busy)
+                }
+                Err(BatchError::BeforeCommit(p)) => (Err(p), Solo::Answered),
+                Err(BatchError::AtCommit(p)) => {
+                    (Err(pending.item.with_record_id(p)), Solo::Answered)
+                }
+                Err(BatchError::ConnectionLost(e)) => {
+                    let problem = Problem::from(e);
+                    (Err(problem.clone()), Solo::Unreachable(problem))
+                }
             };
-            let busy = matches!(&outcome, Err(p) if p.code() == "database_busy");
             pending.answer(outcome);
-            return busy;
+            return solo;
         }
     }
 
@@ -351,7 +382,8 @@ impl EnqueueRunner {
     /// and failed before the commit was sent (nothing of the batch happened), the batch runs once
     /// more on a fresh connection.
     async fn enqueue_all(&self, items: &[&EnqueueRequest]) -> Result<Vec<Outcome>, BatchError> {
-        let no_connection = |e: sqlx::Error| BatchError::BeforeCommit(e.into());
+        // No connection to be had (the pool timed out, the server refuses): `ConnectionLost`.
+        let no_connection = BatchError::from;
         let mut conn = self.connections.take().await.map_err(no_connection)?;
         let mut outcome = self.enqueue_on(&mut conn, items).await;
         if let Err(BatchError::ConnectionLost(e)) = &outcome
