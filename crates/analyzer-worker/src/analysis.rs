@@ -107,10 +107,14 @@ impl AnalysisWorker {
         }
 
         let cap = self.settings.analyzer_scan_timeout;
+        // Dropping this future (a user's cancel, the job's timeout, a shutdown) stops the scan
+        // at its next file or folder: the blocking thread is not stopped by dropping its handle.
+        let stop = StopOnDrop::default();
         let options = inventory::ScanOptions {
             // The scan stops by itself at the cap, so its thread and checkout do not outlive
             // the job that gave up on it.
             deadline: Some(std::time::Instant::now() + cap),
+            cancel: Some(Arc::clone(&stop.0)),
             ..limits.scan_options()
         };
         let scan = tokio::task::spawn_blocking(move || {
@@ -215,10 +219,21 @@ fn fetch_failure(e: FetchError) -> JobError {
 
 fn scan_failure(e: ScanError) -> JobError {
     match e {
-        ScanError::TooManyFiles { .. } | ScanError::TooManyTests { .. } | ScanError::TimedOut => {
-            JobError::Cancel(e.to_string())
-        }
-        ScanError::Io { .. } => JobError::Failed(Box::new(e)),
+        ScanError::TooManyFiles { .. }
+        | ScanError::TooManyTests { .. }
+        | ScanError::TooLarge { .. }
+        | ScanError::TimedOut => JobError::Cancel(e.to_string()),
+        ScanError::Io { .. } | ScanError::Cancelled => JobError::Failed(Box::new(e)),
+    }
+}
+
+/// A flag set when dropped: the scan's [`inventory::ScanOptions::cancel`].
+#[derive(Default)]
+struct StopOnDrop(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
 

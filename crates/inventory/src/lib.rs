@@ -61,9 +61,10 @@ impl AnalyzeError {
             AnalyzeError::Scan(
                 ScanError::TooManyFiles { .. }
                 | ScanError::TooManyTests { .. }
+                | ScanError::TooLarge { .. }
                 | ScanError::TimedOut,
             ) => true,
-            AnalyzeError::Scan(ScanError::Io { .. }) => false,
+            AnalyzeError::Scan(ScanError::Io { .. } | ScanError::Cancelled) => false,
         }
     }
 }

@@ -43,7 +43,7 @@ pub const SKIPPED_DIRECTORIES: [&str; 15] = [
 const JS_EXTENSIONS: [&str; 8] = ["js", "jsx", "ts", "tsx", "mjs", "cjs", "mts", "cts"];
 
 /// Bounds for a scan.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ScanOptions {
     /// Candidate files larger than this are skipped (counted in [`ScanStats::files_too_large`]).
     pub max_file_bytes: u64,
@@ -54,10 +54,35 @@ pub struct ScanOptions {
     /// The walk stops with [`ScanError::TooManyTests`] once the files scanned hold more tests:
     /// an inventory must fit a database row, and a worker's memory, whatever the repository.
     pub max_tests: u64,
-    /// The walk stops with [`ScanError::TimedOut`] at the first file it reaches after this: a
-    /// caller that gave up waiting (its job timed out) does not leave a thread scanning on.
+    /// The walk stops with [`ScanError::TooLarge`] once the tests found take more memory than
+    /// this ([`test_bytes`]): a test records its whole suite path, so a file of deeply nested
+    /// suites with long titles holds far more than its tests' count suggests.
+    pub max_test_bytes: u64,
+    /// The walk stops with [`ScanError::TimedOut`] at the first file or folder it reaches after
+    /// this: a caller that gave up waiting (its job timed out) does not leave a thread scanning
+    /// on.
     pub deadline: Option<std::time::Instant>,
+    /// Set by the caller to stop the walk ([`ScanError::Cancelled`]) at the next file or folder:
+    /// a job cancelled by its user does not leave its scan running.
+    pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
+
+/// The memory a test's text takes in an inventory: its name, suites and display name, with a
+/// `String`'s own size for each, and the rest of the record.
+pub fn test_bytes(test: &TestCase) -> u64 {
+    const STRING: u64 = size_of::<String>() as u64;
+    const RECORD: u64 = size_of::<TestCase>() as u64;
+    let text = |s: &str| s.len() as u64 + STRING;
+    RECORD
+        + text(&test.name)
+        + test.suite.iter().map(|s| text(s)).sum::<u64>()
+        + test.display_name.as_deref().map_or(0, text)
+}
+
+/// The most memory the tests of one inventory may take ([`test_bytes`]): 64 MiB, a few times
+/// what the largest real repositories need, and well under PostgreSQL's limit for the `jsonb`
+/// that stores it. An analyzer runs several jobs at once.
+pub const MAX_TEST_BYTES_PER_REPOSITORY: u64 = 64 * 1024 * 1024;
 
 impl Default for ScanOptions {
     fn default() -> Self {
@@ -66,7 +91,9 @@ impl Default for ScanOptions {
             max_files: 200_000,
             max_depth: 64,
             max_tests: MAX_TESTS_PER_REPOSITORY,
+            max_test_bytes: MAX_TEST_BYTES_PER_REPOSITORY,
             deadline: None,
+            cancel: None,
         }
     }
 }
@@ -95,9 +122,18 @@ pub enum ScanError {
         /// The cap.
         limit: u64,
     },
+    /// The tests found take more memory than an inventory may hold.
+    #[error("the tree's tests take more than {limit} bytes (names and suites)")]
+    TooLarge {
+        /// The cap.
+        limit: u64,
+    },
     /// The scan passed its [`ScanOptions::deadline`].
     #[error("scanning the tree for tests took longer than allowed")]
     TimedOut,
+    /// The caller stopped the scan ([`ScanOptions::cancel`]).
+    #[error("the scan was stopped")]
+    Cancelled,
 }
 
 /// The most tests one inventory holds (about 100 MB as JSON at the longest names).
@@ -386,6 +422,7 @@ pub fn scan_tree(root: &Path, options: &ScanOptions) -> Result<Inventory, ScanEr
         stats: ScanStats::default(),
         files: Vec::new(),
         tests: 0,
+        test_bytes: 0,
         js_hints: HashMap::new(),
     };
     walker.walk_dir(root, "", 0)?;
@@ -399,6 +436,8 @@ struct Walker<'a> {
     files: Vec<FileInventory>,
     /// The tests in `files`.
     tests: u64,
+    /// Their [`test_bytes`].
+    test_bytes: u64,
     /// Nearest-`package.json` runner per relative directory.
     js_hints: HashMap<String, Option<Framework>>,
 }
@@ -415,8 +454,16 @@ fn io_error(path: &str, source: io::Error) -> ScanError {
 }
 
 impl Walker<'_> {
-    fn walk_dir(&mut self, dir: &Path, rel: &str, depth: usize) -> Result<(), ScanError> {
-        // Here too, not only per source file: a tree of folders without one would never stop.
+    /// `Err` once the caller cancelled the scan or its deadline passed.
+    fn check_stop(&self) -> Result<(), ScanError> {
+        if self
+            .options
+            .cancel
+            .as_ref()
+            .is_some_and(|cancel| cancel.load(std::sync::atomic::Ordering::Relaxed))
+        {
+            return Err(ScanError::Cancelled);
+        }
         if self
             .options
             .deadline
@@ -424,6 +471,12 @@ impl Walker<'_> {
         {
             return Err(ScanError::TimedOut);
         }
+        Ok(())
+    }
+
+    fn walk_dir(&mut self, dir: &Path, rel: &str, depth: usize) -> Result<(), ScanError> {
+        // Here too, not only per source file: a tree of folders without one would never stop.
+        self.check_stop()?;
         let mut entries: Vec<(String, PathBuf, fs::FileType)> = Vec::new();
         for entry in fs::read_dir(dir).map_err(|e| io_error(rel, e))? {
             let entry = entry.map_err(|e| io_error(rel, e))?;
@@ -464,13 +517,7 @@ impl Walker<'_> {
         let Some(kind) = SourceKind::of_path(rel) else {
             return Ok(());
         };
-        if self
-            .options
-            .deadline
-            .is_some_and(|deadline| std::time::Instant::now() >= deadline)
-        {
-            return Err(ScanError::TimedOut);
-        }
+        self.check_stop()?;
         let len = fs::symlink_metadata(path)
             .map_err(|e| io_error(rel, e))?
             .len();
@@ -494,6 +541,16 @@ impl Walker<'_> {
                 if self.tests > self.options.max_tests {
                     return Err(ScanError::TooManyTests {
                         limit: self.options.max_tests,
+                    });
+                }
+                self.test_bytes += found
+                    .iter()
+                    .flat_map(|f| &f.tests)
+                    .map(test_bytes)
+                    .sum::<u64>();
+                if self.test_bytes > self.options.max_test_bytes {
+                    return Err(ScanError::TooLarge {
+                        limit: self.options.max_test_bytes,
                     });
                 }
                 self.files.extend(found);

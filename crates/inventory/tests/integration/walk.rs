@@ -72,6 +72,56 @@ fn skips_excluded_folders_symlinks_and_oversized_files() {
 }
 
 #[test]
+fn a_cancelled_scan_stops() {
+    let dir = TempDir::new("walk-cancel");
+    write(dir.path(), "a/b/lib.rs", "#[test] fn t() {}");
+    let cancel = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let cancelled = ScanOptions {
+        cancel: Some(cancel),
+        ..ScanOptions::default()
+    };
+    assert!(matches!(
+        scan_tree(dir.path(), &cancelled),
+        Err(ScanError::Cancelled)
+    ));
+}
+
+/// Deeply nested suites with long titles: each test records its whole suite path, so three
+/// files of 3,000 tests under 32 suites of 300 characters take about 90 MB, past the default
+/// budget, though they hold few tests and are small on disk.
+#[test]
+fn tests_whose_names_and_suites_take_too_much_memory_are_refused() {
+    let dir = TempDir::new("walk-heavy");
+    let title = "x".repeat(300);
+    let mut source = String::new();
+    for _ in 0..32 {
+        source.push_str(&format!("describe('{title}', () => {{\n"));
+    }
+    source.push_str(&"it('a', () => {});\n".repeat(3_000));
+    for _ in 0..32 {
+        source.push_str("});\n");
+    }
+    for n in 0..3 {
+        write(dir.path(), &format!("heavy{n}.test.js"), &source);
+    }
+    let refused = scan_tree(dir.path(), &ScanOptions::default());
+    assert!(
+        matches!(
+            refused,
+            Err(ScanError::TooLarge {
+                limit: inventory::scan::MAX_TEST_BYTES_PER_REPOSITORY
+            })
+        ),
+        "{refused:?}"
+    );
+    // One such file fits.
+    let one = TempDir::new("walk-heavy-one");
+    write(one.path(), "heavy.test.js", &source);
+    let inventory = scan_tree(one.path(), &ScanOptions::default()).unwrap();
+    assert_eq!(inventory.totals.overall.tests, 3_000);
+}
+
+#[test]
 fn a_tree_of_folders_without_source_files_still_stops_at_the_deadline() {
     let dir = TempDir::new("walk-folders");
     let root = dir.path();
