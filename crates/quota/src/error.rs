@@ -40,7 +40,7 @@ pub enum QuotaError {
     Exceeded(Box<QuotaExceeded>),
     #[error("user {0} does not exist")]
     UnknownUser(Uuid),
-    #[error("reservation {0} does not exist (released or cleaned up)")]
+    #[error("reservation {0} does not exist, is linked already or has expired")]
     UnknownReservation(Uuid),
     /// Standings read when the database's clock was outside the plan's period: deciding on them
     /// would count the wrong period's usage. [`crate::Quota::settle_period`] reads them again.

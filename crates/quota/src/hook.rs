@@ -56,7 +56,7 @@ pub async fn end_reservations(
     if ended.is_empty() {
         return Ok(HookEffect::default());
     }
-    let (released, billed): (i64, i64) = sqlx::query_as(
+    let (released, billed, released_completed): (i64, i64, i64) = sqlx::query_as(
         "WITH ended AS ( \
            DELETE FROM quota_reservations WHERE job_id = ANY($1) \
            RETURNING user_id, event_type, reserved_amount, job_id \
@@ -67,12 +67,23 @@ pub async fn end_reservations(
            ON CONFLICT (job_id) DO NOTHING \
            RETURNING 1 \
          ) \
-         SELECT (SELECT count(*) FROM ended), (SELECT count(*) FROM billed)",
+         SELECT (SELECT count(*) FROM ended), (SELECT count(*) FROM billed), \
+                (SELECT count(*) FROM ended WHERE job_id = ANY($2))",
     )
     .bind(&ended)
     .bind(&completed)
     .fetch_one(&mut *conn)
     .await?;
+    if billed < released_completed {
+        // A usage event with the job's id existed already (imported usage, an id reused after a
+        // restore): its units are released but this completion is not billed again.
+        tracing::error!(
+            released_completed,
+            billed,
+            jobs = ?completed,
+            "completed jobs released their reservations without a usage event of their own"
+        );
+    }
     let effect = HookEffect {
         released: u64::try_from(released).unwrap_or(0),
         billed: u64::try_from(billed).unwrap_or(0),

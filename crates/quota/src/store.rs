@@ -153,6 +153,8 @@ pub struct CleanupReport {
     pub missing_job: u64,
     /// Reservations that never got a job and are older than the TTL.
     pub expired_without_job: u64,
+    /// Of `final_job`, those whose job completed and which were billed here.
+    pub billed: u64,
 }
 
 impl CleanupReport {
@@ -477,18 +479,24 @@ impl Quota {
 
 impl Reservation {
     /// Links the reservation to the job it pays for, in the same transaction as the job insert.
-    /// From then on it lives exactly as long as the job is not final.
+    /// From then on it lives exactly as long as the job is not final. A reservation already
+    /// linked, or past its expiry, is refused ([`QuotaError::UnknownReservation`]): once expired
+    /// it stopped counting and its units may have been granted to others, so linking it would
+    /// count them twice.
     pub async fn attach_job(
         &self,
         conn: &mut PgConnection,
         job_id: JobId,
     ) -> Result<(), QuotaError> {
-        let updated = sqlx::query("UPDATE quota_reservations SET job_id = $2 WHERE id = $1")
-            .bind(self.id)
-            .bind(job_id)
-            .execute(&mut *conn)
-            .await?
-            .rows_affected();
+        let updated = sqlx::query(
+            "UPDATE quota_reservations SET job_id = $2 \
+             WHERE id = $1 AND job_id IS NULL AND expires_at > now()",
+        )
+        .bind(self.id)
+        .bind(job_id)
+        .execute(&mut *conn)
+        .await?
+        .rows_affected();
         if updated == 0 {
             return Err(QuotaError::UnknownReservation(self.id));
         }
@@ -523,30 +531,67 @@ pub async fn release(conn: &mut PgConnection, job_id: JobId) -> Result<bool, Quo
     Ok(deleted > 0)
 }
 
+/// Which reservations are orphans, and why (`r` a reservation, `j` its job if any; `$1` the TTL
+/// in seconds): unlinked and older than the TTL, or linked to a job that is final or gone.
+const ORPHANED: &str = "(r.job_id IS NULL AND r.created_at < now() - make_interval(secs => $1)) \
+     OR (r.job_id IS NOT NULL \
+         AND (j.id IS NULL OR j.state IN ('completed', 'cancelled', 'discarded')))";
+
 /// The scheduler's safety net: deletes reservations whose job is final or gone, and reservations
 /// that never got a job and are older than `ttl`. Never touches the reservation of a live job,
-/// however old. Orphans are logged; in a healthy system there are none.
+/// however old. A reservation whose job completed (finished by a process without the hook) is
+/// billed as it is deleted, dated when its job finished, so its usage is not lost. Orphans are
+/// logged; in a healthy system there are none.
+///
+/// Two statements in one transaction: the first locks the candidates, the second, with a
+/// snapshot taken after those locks, decides on their current rows. In one statement, a
+/// reservation linked to a live job after the statement's snapshot was judged by the job row
+/// the snapshot had (none), and deleted as "missing": the job then completed unbilled.
 pub async fn cleanup(pool: &PgPool, ttl: Duration) -> Result<CleanupReport, QuotaError> {
-    let rows: Vec<(String, i64)> = sqlx::query_as(
-        "WITH doomed AS ( \
-           SELECT r.id, CASE WHEN r.job_id IS NULL THEN 'expired' \
-                             WHEN j.id IS NULL THEN 'missing' ELSE 'final' END AS why \
-           FROM quota_reservations r LEFT JOIN fairlane_job j ON j.id = r.job_id \
-           WHERE (r.job_id IS NULL AND r.created_at < now() - make_interval(secs => $1)) \
-              OR (r.job_id IS NOT NULL \
-                  AND (j.id IS NULL OR j.state IN ('completed', 'cancelled', 'discarded'))) \
-           FOR UPDATE OF r SKIP LOCKED \
-         ), deleted AS ( \
-           DELETE FROM quota_reservations r USING doomed d WHERE r.id = d.id RETURNING d.why \
-         ) \
-         SELECT why, count(*) FROM deleted GROUP BY why",
-    )
+    let mut tx = pool.begin().await?;
+    let candidates: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT r.id FROM quota_reservations r LEFT JOIN fairlane_job j ON j.id = r.job_id \
+         WHERE {ORPHANED} FOR UPDATE OF r SKIP LOCKED"
+    )))
     .bind(ttl.as_secs_f64())
-    .fetch_all(pool)
+    .fetch_all(&mut *tx)
     .await?;
+    if candidates.is_empty() {
+        tx.commit().await?;
+        return Ok(CleanupReport::default());
+    }
+    let rows: Vec<(String, i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "WITH doomed AS ( \
+           SELECT r.id, r.user_id, r.event_type, r.reserved_amount, r.job_id, \
+                  j.state = 'completed' AS completed, j.finalized_at, \
+                  CASE WHEN r.job_id IS NULL THEN 'expired' \
+                       WHEN j.id IS NULL THEN 'missing' ELSE 'final' END AS why \
+           FROM quota_reservations r LEFT JOIN fairlane_job j ON j.id = r.job_id \
+           WHERE r.id = ANY($2) AND ({ORPHANED}) \
+         ), deleted AS ( \
+           DELETE FROM quota_reservations r USING doomed d WHERE r.id = d.id \
+           RETURNING d.user_id, d.event_type, d.reserved_amount, d.job_id, d.completed, \
+                     d.finalized_at, d.why \
+         ), billed AS ( \
+           INSERT INTO usage_events (user_id, event_type, amount, job_id, occurred_at) \
+           SELECT user_id, event_type, reserved_amount, job_id, coalesce(finalized_at, now()) \
+           FROM deleted WHERE completed \
+           ON CONFLICT (job_id) DO NOTHING \
+           RETURNING job_id \
+         ) \
+         SELECT why, count(*), \
+                count(*) FILTER (WHERE job_id IN (SELECT job_id FROM billed)) \
+         FROM deleted GROUP BY why"
+    )))
+    .bind(ttl.as_secs_f64())
+    .bind(&candidates)
+    .fetch_all(&mut *tx)
+    .await?;
+    tx.commit().await?;
     let mut report = CleanupReport::default();
-    for (why, n) in rows {
+    for (why, n, billed) in rows {
         let n = u64::try_from(n).unwrap_or(0);
+        report.billed += u64::try_from(billed).unwrap_or(0);
         match why.as_str() {
             "final" => report.final_job = n,
             "missing" => report.missing_job = n,
@@ -558,6 +603,7 @@ pub async fn cleanup(pool: &PgPool, ttl: Duration) -> Result<CleanupReport, Quot
             final_job = report.final_job,
             missing_job = report.missing_job,
             expired_without_job = report.expired_without_job,
+            billed = report.billed,
             "removed orphaned quota reservations"
         );
     }

@@ -620,7 +620,7 @@ async fn jobs_completed_by_a_real_engine_are_billed_exactly_once() {
 }
 
 #[tokio::test]
-async fn cleanup_removes_orphans_and_never_a_live_jobs_reservation() {
+async fn cleanup_removes_orphans_bills_completed_ones_and_never_touches_a_live_jobs_reservation() {
     let db = TestDb::new().await;
     let client = Client::new(db.pool.clone());
     let quota = quota();
@@ -687,6 +687,8 @@ async fn cleanup_removes_orphans_and_never_a_live_jobs_reservation() {
     assert_eq!(report.missing_job, 1);
     assert_eq!(report.expired_without_job, 1);
     assert_eq!(report.total(), 3);
+    // The job that completed without the hook is billed now, not lost.
+    assert_eq!(report.billed, 1);
     let left: Vec<(Option<i64>,)> =
         sqlx::query_as("SELECT job_id FROM quota_reservations ORDER BY job_id NULLS LAST")
             .fetch_all(&db.pool)
@@ -700,10 +702,11 @@ async fn cleanup_removes_orphans_and_never_a_live_jobs_reservation() {
             .unwrap(),
         quota::CleanupReport::default()
     );
-    assert_eq!(
-        count(&db.pool, "SELECT count(*) FROM usage_events").await,
-        0
-    );
+    let billed: Vec<(Option<i64>, i32)> = sqlx::query_as("SELECT job_id, amount FROM usage_events")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(billed, vec![(Some(finished), 1)]);
     assert_totals_exact(&db.pool).await;
 }
 
@@ -1060,4 +1063,38 @@ async fn the_daily_totals_migration_fills_them_from_the_events_already_billed() 
         .unwrap(),
         "the period index is dropped"
     );
+}
+
+/// A reservation links to one job, and only while it still counts: one that expired may have
+/// had its units granted to others, so linking it would count them twice.
+#[tokio::test]
+async fn an_expired_or_linked_reservation_cannot_be_attached() {
+    let db = TestDb::new().await;
+    let quota = quota();
+    let user = user(&db.pool, "pro").await;
+    let mut tx = db.pool.begin().await.unwrap();
+    let reservation = quota
+        .reserve(&mut tx, user, Service::Analysis, Utc::now())
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    sqlx::query("UPDATE quota_reservations SET expires_at = now() - interval '1 second'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let mut conn = db.pool.acquire().await.unwrap();
+    assert!(matches!(
+        reservation.attach_job(&mut conn, 1).await,
+        Err(quota::QuotaError::UnknownReservation(_))
+    ));
+    sqlx::query("UPDATE quota_reservations SET expires_at = now() + interval '1 hour'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    reservation.attach_job(&mut conn, 1).await.unwrap();
+    assert!(matches!(
+        reservation.attach_job(&mut conn, 2).await,
+        Err(quota::QuotaError::UnknownReservation(_))
+    ));
+    assert_totals_exact(&db.pool).await;
 }
