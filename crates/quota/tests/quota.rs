@@ -1085,7 +1085,7 @@ async fn an_expired_or_linked_reservation_cannot_be_attached() {
     let mut conn = db.pool.acquire().await.unwrap();
     assert!(matches!(
         reservation.attach_job(&mut conn, 1).await,
-        Err(quota::QuotaError::UnknownReservation(_))
+        Err(QuotaError::UnknownReservation(_))
     ));
     sqlx::query("UPDATE quota_reservations SET expires_at = now() + interval '1 hour'")
         .execute(&db.pool)
@@ -1094,7 +1094,7 @@ async fn an_expired_or_linked_reservation_cannot_be_attached() {
     reservation.attach_job(&mut conn, 1).await.unwrap();
     assert!(matches!(
         reservation.attach_job(&mut conn, 2).await,
-        Err(quota::QuotaError::UnknownReservation(_))
+        Err(QuotaError::UnknownReservation(_))
     ));
     assert_totals_exact(&db.pool).await;
 }
