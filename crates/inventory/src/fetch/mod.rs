@@ -155,6 +155,16 @@ pub enum FetchError {
         /// git's message (redacted).
         detail: String,
     },
+    /// The commit's own content cannot be used here, the same way on every try: a path git
+    /// refuses to write (`invalid path`, such as a name with a backslash), an object that fails
+    /// git's checks (`fsck`), a ref that points to a tree or a blob instead of a commit.
+    #[error("the repository cannot be checked out while {stage}: {detail}")]
+    Unusable {
+        /// The step.
+        stage: Stage,
+        /// What is wrong (git's words, redacted).
+        detail: String,
+    },
     /// Any other git failure.
     #[error("git failed while {stage}: {detail}")]
     Git {
@@ -361,6 +371,18 @@ fn classify_failure(stage: Stage, output: &GitOutput, git_ref: Option<&str>) -> 
         ])
     {
         return FetchError::Unreachable {
+            detail: last_lines(&output.stderr),
+        };
+    }
+    // The commit's content, not the moment: the same on every try.
+    if has(&[
+        "invalid path",
+        "fsck error",
+        "fsckobjects",
+        "error in object",
+    ]) {
+        return FetchError::Unusable {
+            stage,
             detail: last_lines(&output.stderr),
         };
     }
@@ -642,7 +664,7 @@ async fn fetch_commit_until(
         .trim()
         .to_ascii_lowercase();
     if !rev.success() || !is_object_id(&commit) {
-        return Err(FetchError::Git {
+        return Err(FetchError::Unusable {
             stage: Stage::Inspect,
             detail: "the fetched ref does not point to a commit".into(),
         });
@@ -819,6 +841,32 @@ mod tests {
             stderr: stderr.to_owned(),
             memory_cap: 1 << 30,
         }
+    }
+
+    #[test]
+    fn content_git_refuses_is_permanent_and_a_dropped_transfer_is_not() {
+        for (stage, stderr) in [
+            (
+                Stage::Checkout,
+                "error: invalid path 'src\\a.rs'\nfatal: unable to checkout working tree",
+            ),
+            (
+                Stage::Fetch,
+                "error: object 1d4f: badTimezone: invalid author/committer line - bad time zone\n\
+                 fatal: fsck error in packed object\nfatal: fetch-pack: invalid index-pack output",
+            ),
+        ] {
+            let e = classify_failure(stage, &failed(stderr), None);
+            assert!(matches!(e, FetchError::Unusable { .. }), "{e}");
+            assert!(e.is_permanent(), "{e}");
+        }
+        let dropped = classify_failure(
+            Stage::Fetch,
+            &failed("fatal: early EOF\nfatal: fetch-pack: invalid index-pack output"),
+            None,
+        );
+        assert!(matches!(dropped, FetchError::Git { .. }), "{dropped}");
+        assert!(!dropped.is_permanent());
     }
 
     #[test]

@@ -360,3 +360,20 @@ async fn the_repository_attributes_do_not_change_what_is_checked_out() {
         "$Id$\nline\n"
     );
 }
+
+#[tokio::test]
+async fn a_tag_of_a_tree_is_refused_for_good() {
+    // Like the Linux kernel's `v2.6.11-tree`: a ref that names a tree, not a commit. Every try
+    // would end the same way, so it is not retried.
+    let repo = GitFixture::new("tree-tag");
+    repo.write("a.txt", "a");
+    repo.commit("one");
+    repo.git(&["tag", "tree-tag", "HEAD^{tree}"]);
+    let root = TempDir::new("tree-tag-work");
+    let limits = capped(root.path(), 64 * 1024 * 1024, 100);
+    let url = vet_url(&repo.url(), &policy()).await.unwrap();
+    let err = fetch(&url, Some("tree-tag"), &limits).await.unwrap_err();
+    assert!(matches!(err, FetchError::Unusable { .. }), "{err:?}");
+    assert!(err.is_permanent(), "{err:?}");
+    assert_eq!(leftovers(&limits.work_root), Vec::<String>::new());
+}
