@@ -77,6 +77,8 @@ pub enum Refusal {
     Finished(WorkState),
     /// The record belongs to another job.
     OtherJob(i64),
+    /// A specview of an analysis that is not its user's.
+    OtherUsersAnalysis,
 }
 
 impl std::fmt::Display for Refusal {
@@ -85,6 +87,7 @@ impl std::fmt::Display for Refusal {
             Refusal::Missing => f.write_str("does not exist"),
             Refusal::Finished(state) => write!(f, "is already {state}"),
             Refusal::OtherJob(job) => write!(f, "is filled by job {job}"),
+            Refusal::OtherUsersAnalysis => f.write_str("renders an analysis of another user"),
         }
     }
 }

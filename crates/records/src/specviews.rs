@@ -33,9 +33,11 @@ pub async fn claim(
 ) -> Result<Result<SpecviewRecord, Refusal>, sqlx::Error> {
     let claimed: Option<SpecviewRecord> = sqlx::query_as(
         "WITH claimed AS ( \
-           UPDATE specviews SET state = 'running', updated_at = now(), job_id = $2 \
+           UPDATE specviews s SET state = 'running', updated_at = now(), job_id = $2 \
            WHERE id = $1 AND state IN ('pending', 'running') \
              AND (job_id IS NULL OR job_id = $2) \
+             AND EXISTS (SELECT 1 FROM analyses o \
+                         WHERE o.id = s.analysis_id AND o.user_id IS NOT DISTINCT FROM s.user_id) \
            RETURNING id, user_id, analysis_id, job_id \
          ) \
          SELECT c.id, c.user_id, c.analysis_id, c.job_id, a.state AS analysis_state, \
@@ -49,6 +51,18 @@ pub async fn claim(
     .await?;
     if let Some(record) = claimed {
         return Ok(Ok(record));
+    }
+    // Only the API creates specviews, of the caller's own analyses; a record made another way
+    // never renders someone else's.
+    let foreign: Option<bool> = sqlx::query_scalar(
+        "SELECT a.user_id IS DISTINCT FROM s.user_id FROM specviews s \
+         JOIN analyses a ON a.id = s.analysis_id WHERE s.id = $1",
+    )
+    .bind(specview_id)
+    .fetch_optional(pool)
+    .await?;
+    if foreign == Some(true) {
+        return Ok(Err(Refusal::OtherUsersAnalysis));
     }
     Ok(Err(
         read_refusal(pool, "specviews", specview_id, job_id).await?

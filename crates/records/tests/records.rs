@@ -694,3 +694,32 @@ async fn a_result_the_database_refuses_cancels_the_job_and_a_lost_connection_ret
         "a lost connection is retried"
     );
 }
+
+/// A specview made outside the API (which only creates them for the caller's own analyses)
+/// never renders another user's analysis: its claim is refused.
+#[tokio::test]
+async fn a_specview_of_another_users_analysis_is_refused() {
+    let db = TestDb::new().await;
+    let owner = user(&db.pool).await;
+    let other = user(&db.pool).await;
+    let analysis_job = running_job(&db.pool, "analysis", 3).await;
+    let analysis_id = analysis(&db.pool, Some(owner), Some(&sha(1)), analysis_job).await;
+    let job = running_job(&db.pool, "specview", 3).await;
+    let id: Uuid = sqlx::query_scalar(
+        "INSERT INTO specviews (user_id, analysis_id, job_id) VALUES ($1, $2, $3) RETURNING id",
+    )
+    .bind(other)
+    .bind(analysis_id)
+    .bind(job)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let refused = specviews::claim(&db.pool, id, job).await.unwrap();
+    assert_eq!(refused.unwrap_err(), Refusal::OtherUsersAnalysis);
+    let state: WorkState = sqlx::query_scalar("SELECT state FROM specviews WHERE id = $1")
+        .bind(id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(state, WorkState::Pending, "not claimed");
+}
