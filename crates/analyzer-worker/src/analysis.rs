@@ -146,7 +146,18 @@ impl AnalysisWorker {
             commit: commit.clone(),
             inventory,
         };
-        if !records::analyses::stage(&self.pool, record.id, job_id, &commit, &analysis)
+        // Tens of megabytes of JSON for a large repository: serialized off the async workers.
+        let json = match tokio::task::spawn_blocking(move || serde_json::to_string(&analysis)).await
+        {
+            Ok(json) => json.map_err(JobError::from)?,
+            Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+            Err(join) => {
+                return Err(JobError::msg(format!(
+                    "serializing the inventory did not finish: {join}"
+                )));
+            }
+        };
+        if !records::analyses::stage(&self.pool, record.id, job_id, &commit, &json)
             .await
             .map_err(records::stage_failure)?
         {

@@ -1,8 +1,6 @@
 //! The `analyses` record as the analysis handler sees it: claim it, then stage the result.
 
-use serde::Serialize;
 use sqlx::PgPool;
-use sqlx::types::Json;
 use uuid::Uuid;
 
 use crate::{Refusal, WorkState, read_refusal};
@@ -53,22 +51,24 @@ pub async fn claim(
 /// Stores the analysed commit and the result on a `running` record of `job_id`, which stays
 /// `running` until [`crate::RecordHook`] settles it with the job. A user's record keeps its
 /// commit: staging a different one is refused. Returns whether the record was updated.
-pub async fn stage<T: Serialize + Sync>(
+/// `result` is JSON text, serialized by the caller off the async workers (an inventory can be
+/// tens of megabytes).
+pub async fn stage(
     pool: &PgPool,
     analysis_id: Uuid,
     job_id: i64,
     commit: &str,
-    result: &T,
+    result: &str,
 ) -> Result<bool, sqlx::Error> {
     let updated = sqlx::query(
-        "UPDATE analyses SET commit = $3, result = $4, error = NULL, updated_at = now() \
+        "UPDATE analyses SET commit = $3, result = $4::jsonb, error = NULL, updated_at = now() \
          WHERE id = $1 AND job_id = $2 AND state = 'running' \
            AND (commit IS NULL OR commit = $3)",
     )
     .bind(analysis_id)
     .bind(job_id)
     .bind(commit)
-    .bind(Json(result))
+    .bind(result)
     .execute(pool)
     .await?;
     Ok(updated.rows_affected() == 1)

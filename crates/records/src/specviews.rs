@@ -1,9 +1,7 @@
 //! The `specviews` record as the specview handler sees it: claim it (with the analysis it is
 //! generated from), then stage the specification.
 
-use serde::Serialize;
 use sqlx::PgPool;
-use sqlx::types::Json;
 use uuid::Uuid;
 
 use crate::{Refusal, WorkState, read_refusal};
@@ -19,8 +17,10 @@ pub struct SpecviewRecord {
     pub analysis_state: WorkState,
     pub repository: String,
     pub commit: Option<String>,
-    /// The analysis's stored result (`inventory::Analysis` as JSON), once completed.
-    pub analysis_result: Option<serde_json::Value>,
+    /// The analysis's stored result (`inventory::Analysis` as JSON text), once completed. Text,
+    /// not a decoded value: an inventory can be tens of megabytes, and the caller parses it off
+    /// the async workers, straight into its own type.
+    pub analysis_result: Option<String>,
 }
 
 /// Marks the specview `running` for `job_id` and returns it with its analysis. A record without
@@ -42,7 +42,7 @@ pub async fn claim(
          ) \
          SELECT c.id, c.user_id, c.analysis_id, c.job_id, a.state AS analysis_state, \
                 a.repository, a.commit, \
-                CASE WHEN a.state = 'completed' THEN a.result END AS analysis_result \
+                CASE WHEN a.state = 'completed' THEN a.result::text END AS analysis_result \
          FROM claimed c JOIN analyses a ON a.id = c.analysis_id",
     )
     .bind(specview_id)
@@ -71,21 +71,22 @@ pub async fn claim(
 
 /// Stores the specification (structured and as Markdown) on a `running` record of `job_id`,
 /// which stays `running` until [`crate::RecordHook`] settles it with the job. Returns whether the
-/// record was updated.
-pub async fn stage<T: Serialize + Sync>(
+/// record was updated. `result` is JSON text, serialized by the caller off the async workers.
+pub async fn stage(
     pool: &PgPool,
     specview_id: Uuid,
     job_id: i64,
-    result: &T,
+    result: &str,
     markdown: &str,
 ) -> Result<bool, sqlx::Error> {
     let updated = sqlx::query(
-        "UPDATE specviews SET result = $3, markdown = $4, error = NULL, updated_at = now() \
+        "UPDATE specviews SET result = $3::jsonb, markdown = $4, error = NULL, \
+                updated_at = now() \
          WHERE id = $1 AND job_id = $2 AND state = 'running'",
     )
     .bind(specview_id)
     .bind(job_id)
-    .bind(Json(result))
+    .bind(result)
     .bind(markdown)
     .execute(pool)
     .await?;

@@ -145,14 +145,26 @@ async fn a_completed_job_completes_its_staged_analysis_and_a_second_original_bec
         Err(Refusal::OtherJob(first_job))
     );
     assert!(
-        !analyses::stage(&db.pool, first, first_job, &sha(2), &json!({"n": 1}))
-            .await
-            .unwrap()
+        !analyses::stage(
+            &db.pool,
+            first,
+            first_job,
+            &sha(2),
+            &json!({"n": 1}).to_string()
+        )
+        .await
+        .unwrap()
     );
     assert!(
-        analyses::stage(&db.pool, first, first_job, &sha(1), &json!({"n": 1}))
-            .await
-            .unwrap()
+        analyses::stage(
+            &db.pool,
+            first,
+            first_job,
+            &sha(1),
+            &json!({"n": 1}).to_string()
+        )
+        .await
+        .unwrap()
     );
     // Staged is not completed: the record waits for its job.
     let staged = row(&db.pool, first).await;
@@ -191,9 +203,15 @@ async fn a_completed_job_completes_its_staged_analysis_and_a_second_original_bec
         .unwrap()
         .unwrap();
     assert!(
-        analyses::stage(&db.pool, second, second_job, &sha(1), &json!({"n": 1}))
-            .await
-            .unwrap()
+        analyses::stage(
+            &db.pool,
+            second,
+            second_job,
+            &sha(1),
+            &json!({"n": 1}).to_string()
+        )
+        .await
+        .unwrap()
     );
     finish(
         &db.pool,
@@ -229,7 +247,7 @@ async fn a_system_analysis_stores_the_commit_it_resolved() {
     let claimed = analyses::claim(&db.pool, id, job).await.unwrap().unwrap();
     assert_eq!((claimed.user_id, claimed.commit), (None, None));
     assert!(
-        analyses::stage(&db.pool, id, job, &sha(9), &json!({}))
+        analyses::stage(&db.pool, id, job, &sha(9), &json!({}).to_string())
             .await
             .unwrap()
     );
@@ -251,7 +269,7 @@ async fn jobs_that_end_without_success_fail_their_records_with_the_reason() {
     let job = running_job(&db.pool, "analysis", 3).await;
     let id = analysis(&db.pool, Some(u), Some(&sha(1)), job).await;
     analyses::claim(&db.pool, id, job).await.unwrap().unwrap();
-    analyses::stage(&db.pool, id, job, &sha(1), &json!({}))
+    analyses::stage(&db.pool, id, job, &sha(1), &json!({}).to_string())
         .await
         .unwrap();
     let reason = "the repository is too large: more than 1024 bytes while fetching";
@@ -314,7 +332,7 @@ async fn jobs_that_end_without_success_fail_their_records_with_the_reason() {
     let job = running_job(&db.pool, "analysis", 3).await;
     let id = analysis(&db.pool, Some(u), Some(&sha(4)), job).await;
     analyses::claim(&db.pool, id, job).await.unwrap().unwrap();
-    analyses::stage(&db.pool, id, job, &sha(4), &json!({}))
+    analyses::stage(&db.pool, id, job, &sha(4), &json!({}).to_string())
         .await
         .unwrap();
     finish(&db.pool, job, JobState::Completed, json!({}), json!([])).await;
@@ -401,7 +419,7 @@ async fn heavy_concurrent_completions_of_one_commit_leave_one_original() {
             let job = running_job(&db.pool, "analysis", 3).await;
             let id = analysis(&db.pool, Some(u), Some(&sha(round)), job).await;
             analyses::claim(&db.pool, id, job).await.unwrap().unwrap();
-            analyses::stage(&db.pool, id, job, &sha(round), &json!({}))
+            analyses::stage(&db.pool, id, job, &sha(round), &json!({}).to_string())
                 .await
                 .unwrap();
             ids.push(id);
@@ -468,7 +486,7 @@ async fn specview_records_follow_their_jobs() {
         analysis_id,
         analysis_job,
         &sha(1),
-        &json!({"inventory": 1}),
+        &json!({"inventory": 1}).to_string(),
     )
     .await
     .unwrap();
@@ -482,12 +500,22 @@ async fn specview_records_follow_their_jobs() {
     .await;
     let claimed = specviews::claim(&db.pool, id, job).await.unwrap().unwrap();
     assert_eq!(claimed.analysis_state, WorkState::Completed);
-    assert_eq!(claimed.analysis_result, Some(json!({"inventory": 1})));
+    let result: Option<Value> = claimed
+        .analysis_result
+        .as_deref()
+        .map(|text| serde_json::from_str(text).unwrap());
+    assert_eq!(result, Some(json!({"inventory": 1})));
     assert_eq!(claimed.repository, REPO);
     assert!(
-        specviews::stage(&db.pool, id, job, &json!({"files": []}), "# Spec\n")
-            .await
-            .unwrap()
+        specviews::stage(
+            &db.pool,
+            id,
+            job,
+            &json!({"files": []}).to_string(),
+            "# Spec\n"
+        )
+        .await
+        .unwrap()
     );
     finish(&db.pool, job, JobState::Completed, json!({}), json!([])).await;
     let (state, markdown, completed): (WorkState, Option<String>, bool) = sqlx::query_as(
@@ -505,7 +533,7 @@ async fn specview_records_follow_their_jobs() {
     let job = running_job(&db.pool, "specview", 3).await;
     let id = insert_specview(job).await;
     specviews::claim(&db.pool, id, job).await.unwrap().unwrap();
-    specviews::stage(&db.pool, id, job, &json!({}), "# Spec\n")
+    specviews::stage(&db.pool, id, job, &json!({}).to_string(), "# Spec\n")
         .await
         .unwrap();
     finish(
@@ -672,9 +700,15 @@ async fn a_result_the_database_refuses_cancels_the_job_and_a_lost_connection_ret
     let job = running_job(&db.pool, "analysis", 3).await;
     let id = analysis(&db.pool, Some(u), Some(&sha(1)), job).await;
     analyses::claim(&db.pool, id, job).await.unwrap().unwrap();
-    let refused = analyses::stage(&db.pool, id, job, &sha(1), &json!({"test": "a\u{0}b"}))
-        .await
-        .unwrap_err();
+    let refused = analyses::stage(
+        &db.pool,
+        id,
+        job,
+        &sha(1),
+        &json!({"test": "a\u{0}b"}).to_string(),
+    )
+    .await
+    .unwrap_err();
     match records::stage_failure(refused) {
         queue::JobError::Cancel(reason) => assert!(
             reason.starts_with("the database refuses this result: "),
@@ -686,7 +720,7 @@ async fn a_result_the_database_refuses_cancels_the_job_and_a_lost_connection_ret
 
     let closed = PgPool::connect(&db.url()).await.unwrap();
     closed.close().await;
-    let lost = analyses::stage(&closed, id, job, &sha(1), &json!({}))
+    let lost = analyses::stage(&closed, id, job, &sha(1), &json!({}).to_string())
         .await
         .unwrap_err();
     assert!(

@@ -61,14 +61,22 @@ impl Worker<SpecviewArgs> for SpecviewWorker {
             })?;
         let specview_id = record.id;
         let analysis_id = record.analysis_id;
-        // Decoding and rendering a large inventory is CPU work: keep it off the async workers.
-        let built = tokio::task::spawn_blocking(move || build(record)).await;
-        let (result, markdown) = match built {
+        // Decoding, rendering and serializing a large inventory is CPU work: keep it off the
+        // async workers.
+        let built = tokio::task::spawn_blocking(move || {
+            let (result, markdown) = build(record)?;
+            let json = serde_json::to_string(&result)
+                .map_err(|e| format!("the specification cannot be stored as JSON: {e}"))?;
+            let counts = (result.spec.files.len() as u64, result.spec.behaviours);
+            Ok::<_, String>((json, markdown, counts))
+        })
+        .await;
+        let (json, markdown, (files, behaviours)) = match built {
             Ok(built) => built.map_err(JobError::Cancel)?,
             Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
             Err(join) => return Err(JobError::msg(format!("rendering did not finish: {join}"))),
         };
-        if !records::specviews::stage(&self.pool, specview_id, job_id, &result, &markdown)
+        if !records::specviews::stage(&self.pool, specview_id, job_id, &json, &markdown)
             .await
             .map_err(records::stage_failure)?
         {
@@ -79,8 +87,8 @@ impl Worker<SpecviewArgs> for SpecviewWorker {
         let output = SpecviewOutput {
             specview_id,
             analysis_id,
-            files: result.spec.files.len() as u64,
-            behaviours: result.spec.behaviours,
+            files,
+            behaviours,
         };
         ctx.set_output(&output).map_err(JobError::from)?;
         tracing::info!(
@@ -104,10 +112,10 @@ pub fn build(record: SpecviewRecord) -> Result<(SpecviewResult, String), String>
             record.analysis_state
         ));
     }
-    let Some(value) = record.analysis_result else {
+    let Some(text) = record.analysis_result else {
         return Err(format!("analysis {analysis_id} has no result"));
     };
-    let analysis: inventory::Analysis = serde_json::from_value(value)
+    let analysis: inventory::Analysis = serde_json::from_str(&text)
         .map_err(|e| format!("the result of analysis {analysis_id} cannot be read: {e}"))?;
     let spec = Spec::from_inventory(&analysis.inventory);
     let markdown = spec.to_markdown();
@@ -134,7 +142,7 @@ mod tests {
             analysis_state: state,
             repository: "https://example.com/r.git".into(),
             commit: Some("c".repeat(40)),
-            analysis_result: result,
+            analysis_result: result.map(|r| r.to_string()),
         }
     }
 
