@@ -97,6 +97,7 @@ impl AnalysisWorker {
             .map_err(fetch_failure)?;
         let commit = checkout.commit().to_owned();
         if let Some(wanted) = &record.commit
+            && record.user_id.is_some()
             && *wanted != commit
         {
             return Err(JobError::Cancel(format!(
@@ -192,10 +193,13 @@ async fn fetch(
     }
 }
 
-/// What to fetch for a record with a commit: that commit by id, with the requested ref (or the
-/// remote's `HEAD`) as the fallback for servers that refuse fetching by id. `None` when the
-/// commit is still to be resolved.
+/// What to fetch for a user's record: its commit by id, with the requested ref (or the remote's
+/// `HEAD`) as the fallback for servers that refuse fetching by id. `None` when the commit is to
+/// be resolved now: a system re-analysis always resolves its ref afresh, also on a retry after
+/// an earlier attempt staged a commit (the branch may have moved since, and no user is waiting
+/// for that commit in particular).
 fn fetch_target(record: &AnalysisRecord) -> Option<ResolvedRef> {
+    record.user_id?;
     let commit = record.commit.clone()?;
     let requested = record.requested_ref.clone();
     let fallback = match requested.as_deref() {
@@ -256,7 +260,7 @@ mod tests {
     fn record(requested: Option<&str>, commit: Option<&str>) -> AnalysisRecord {
         AnalysisRecord {
             id: Uuid::nil(),
-            user_id: None,
+            user_id: Some(Uuid::nil()),
             repository: "https://example.com/r.git".into(),
             requested_ref: requested.map(str::to_owned),
             commit: commit.map(str::to_owned),
@@ -285,6 +289,15 @@ mod tests {
         let t = fetch_target(&record(Some(&sha.to_uppercase()), Some(&sha))).unwrap();
         assert_eq!(t.ref_name, None);
         assert_eq!(fetch_target(&record(Some("main"), None)), None);
+    }
+
+    #[test]
+    fn a_system_reanalysis_resolves_its_ref_again_on_a_retry() {
+        let staged = AnalysisRecord {
+            user_id: None,
+            ..record(Some("main"), Some(&"a".repeat(40)))
+        };
+        assert_eq!(fetch_target(&staged), None);
     }
 
     #[test]

@@ -50,7 +50,8 @@ pub async fn claim(
 
 /// Stores the analysed commit and the result on a `running` record of `job_id`, which stays
 /// `running` until [`crate::RecordHook`] settles it with the job. A user's record keeps its
-/// commit: staging a different one is refused. Returns whether the record was updated.
+/// commit: staging a different one is refused. A system re-analysis's takes the commit its
+/// latest attempt resolved. Returns whether the record was updated.
 /// `result` is JSON text, serialized by the caller off the async workers (an inventory can be
 /// tens of megabytes).
 pub async fn stage(
@@ -63,7 +64,7 @@ pub async fn stage(
     let updated = sqlx::query(
         "UPDATE analyses SET commit = $3, result = $4::jsonb, error = NULL, updated_at = now() \
          WHERE id = $1 AND job_id = $2 AND state = 'running' \
-           AND (commit IS NULL OR commit = $3)",
+           AND (commit IS NULL OR commit = $3 OR user_id IS NULL)",
     )
     .bind(analysis_id)
     .bind(job_id)

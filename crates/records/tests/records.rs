@@ -251,11 +251,17 @@ async fn a_system_analysis_stores_the_commit_it_resolved() {
             .await
             .unwrap()
     );
+    // A retry resolved the branch again, and it had moved: the newer commit is the one kept.
+    assert!(
+        analyses::stage(&db.pool, id, job, &sha(10), &json!({}).to_string())
+            .await
+            .unwrap()
+    );
     finish(&db.pool, job, JobState::Completed, json!({}), json!([])).await;
     let done = row(&db.pool, id).await;
     assert_eq!(
         (done.state, done.commit),
-        (WorkState::Completed, Some(sha(9)))
+        (WorkState::Completed, Some(sha(10)))
     );
 }
 
