@@ -41,26 +41,29 @@ struct Dev {
 
 impl Dev {
     fn start(cargo: &Path) -> Dev {
-        let child = Command::new(env!("CARGO_BIN_EXE_xtask"))
-            .args(["dev", "--port", &spare_port().to_string()])
-            .env("CARGO", cargo)
-            .env(
-                "DATABASE_URL",
-                "postgres://postgres@127.0.0.1:1/never-reached",
-            )
-            .env_remove("REDIS_URL")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .spawn()
-            .unwrap();
-        Dev { child: Some(child) }
+        Dev::spawn(dev_command(cargo))
+    }
+
+    /// `xtask dev` whose stand-in services are in `target` (its `CARGO_TARGET_DIR`).
+    fn start_with_services(cargo: &Path, target: &Path) -> Dev {
+        let mut command = dev_command(cargo);
+        command.env("CARGO_TARGET_DIR", target);
+        Dev::spawn(command)
+    }
+
+    fn spawn(mut command: Command) -> Dev {
+        Dev {
+            child: Some(command.spawn().unwrap()),
+        }
+    }
+
+    fn child(&mut self) -> &mut Child {
+        self.child.as_mut().unwrap()
     }
 
     /// Closes the reading end of xtask's stderr: every later write to it fails (EPIPE).
     fn close_stderr(&mut self) {
-        drop(self.child.as_mut().unwrap().stderr.take());
+        drop(self.child().stderr.take());
     }
 
     fn pid(&self) -> u32 {
@@ -68,19 +71,51 @@ impl Dev {
     }
 
     /// Waits (bounded) for the exit and returns the output.
-    fn finish(mut self) -> Output {
+    fn finish(self) -> Output {
+        self.finish_within(Duration::from_secs(60))
+    }
+
+    /// Waits up to `patience` for the exit (a failure past it) and returns the output; whatever
+    /// of its process group is left is killed.
+    fn finish_within(mut self, patience: Duration) -> Output {
         let mut child = self.child.take().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + patience;
         while child.try_wait().unwrap().is_none() {
             if Instant::now() > deadline {
                 kill_group(child.id(), "KILL");
-                panic!("xtask dev did not stop within 60 s of the SIGINT");
+                panic!("xtask dev did not stop within {patience:?} of the SIGINT");
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        child.wait_with_output().unwrap()
+        let group = child.id();
+        let output = child.wait_with_output().unwrap();
+        kill_group(group, "KILL");
+        output
     }
 }
+
+/// `xtask dev` with the stand-in cargo and a `DATABASE_URL` no one answers, in a process group
+/// of its own, its output piped.
+fn dev_command(cargo: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_xtask"));
+    command
+        .args(["dev", "--port", &spare_port().to_string()])
+        .env("CARGO", cargo)
+        .env(
+            "DATABASE_URL",
+            "postgres://postgres@127.0.0.1:1/never-reached",
+        )
+        .env_remove("REDIS_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    command
+}
+
+/// A stand-in cargo that builds nothing and reports `CARGO_TARGET_DIR` as its target directory.
+const CARGO_REPORTING_ITS_TARGET: &str =
+    "[ \"$1\" = metadata ] && printf '{\"target_directory\":\"%s\"}' \"$CARGO_TARGET_DIR\"\nexit 0";
 
 impl Drop for Dev {
     fn drop(&mut self) {
@@ -253,25 +288,6 @@ http.server.HTTPServer((host, int(port)), Ready).serve_forever()
     }
 }
 
-/// `xtask dev` with the stand-in cargo of `dir`, whose services are in `dir/target`.
-fn dev_with_stand_ins(dir: &Path, cargo: &Path) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_xtask"))
-        .args(["dev", "--port", &spare_port().to_string()])
-        .env("CARGO", cargo)
-        .env("CARGO_TARGET_DIR", dir.join("target"))
-        .env(
-            "DATABASE_URL",
-            "postgres://postgres@127.0.0.1:1/never-reached",
-        )
-        .env_remove("REDIS_URL")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .spawn()
-        .unwrap()
-}
-
 /// Reads `from` line by line until one contains `marker` (panics if it ends first); returns
 /// what it read.
 fn read_until(from: &mut impl std::io::Read, marker: &str) -> String {
@@ -291,43 +307,21 @@ fn read_until(from: &mut impl std::io::Read, marker: &str) -> String {
     }
 }
 
-/// Kills a process group when dropped.
-struct KillGroupOnDrop(u32);
-
-impl Drop for KillGroupOnDrop {
-    fn drop(&mut self) {
-        kill_group(self.0, "KILL");
-    }
-}
-
 #[test]
 fn a_second_sigint_while_the_services_drain_kills_them_at_once() {
     let dir = scratch_dir("force-stop");
-    let cargo = fake_cargo(
-        &dir,
-        "[ \"$1\" = metadata ] && printf '{\"target_directory\":\"%s\"}' \"$CARGO_TARGET_DIR\"\nexit 0",
-    );
+    let cargo = fake_cargo(&dir, CARGO_REPORTING_ITS_TARGET);
     stubborn_services(&dir.join("target").join("debug"), None);
-    let mut child = dev_with_stand_ins(&dir, &cargo);
-    let pid = child.id();
-    // Whatever happens below, nothing of this run outlives the test.
-    let _group = KillGroupOnDrop(pid);
+    let mut dev = Dev::start_with_services(&cargo, &dir.join("target"));
     // Until the welcome: every service is running and the API is ready.
-    read_until(child.stdout.as_mut().unwrap(), "Fairlane is running");
+    read_until(dev.child().stdout.as_mut().unwrap(), "Fairlane is running");
     let stopping = Instant::now();
-    kill(&pid.to_string(), "INT");
+    let pid = dev.pid().to_string();
+    kill(&pid, "INT");
     // The services ignore the SIGTERM dev sends them; a second Ctrl-C must not wait 40 s.
     std::thread::sleep(Duration::from_millis(500));
-    kill(&pid.to_string(), "INT");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            kill_group(pid, "KILL");
-            panic!("xtask dev did not stop within 30 s of the second SIGINT");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let output = child.wait_with_output().unwrap();
+    kill(&pid, "INT");
+    let output = dev.finish_within(Duration::from_secs(30));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.contains("killing every service still running"),
@@ -344,30 +338,23 @@ fn a_second_sigint_while_the_services_drain_kills_them_at_once() {
 #[test]
 fn a_service_that_dies_is_a_failure_even_if_ctrl_c_comes_while_the_rest_stop() {
     let dir = scratch_dir("crash");
-    let cargo = fake_cargo(
-        &dir,
-        "[ \"$1\" = metadata ] && printf '{\"target_directory\":\"%s\"}' \"$CARGO_TARGET_DIR\"\nexit 0",
-    );
+    let cargo = fake_cargo(&dir, CARGO_REPORTING_ITS_TARGET);
     let crash_now = dir.join("crash-now");
     stubborn_services(
         &dir.join("target").join("debug"),
         Some(("analyzer-worker", &crash_now)),
     );
-    let mut child = dev_with_stand_ins(&dir, &cargo);
-    let pid = child.id();
-    let _group = KillGroupOnDrop(pid);
-    read_until(child.stdout.as_mut().unwrap(), "Fairlane is running");
+    let mut dev = Dev::start_with_services(&cargo, &dir.join("target"));
+    read_until(dev.child().stdout.as_mut().unwrap(), "Fairlane is running");
     std::fs::write(&crash_now, "").unwrap();
     // The analyzer stand-in exits; dev stops the rest, which ignore SIGTERM; the user presses
     // Ctrl-C while waiting.
-    read_until(child.stderr.as_mut().unwrap(), "stopping every service");
-    kill(&pid.to_string(), "INT");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while child.try_wait().unwrap().is_none() {
-        assert!(Instant::now() < deadline, "dev did not stop");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let output = child.wait_with_output().unwrap();
+    read_until(
+        dev.child().stderr.as_mut().unwrap(),
+        "stopping every service",
+    );
+    kill(&dev.pid().to_string(), "INT");
+    let output = dev.finish_within(Duration::from_secs(30));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("analyzer-worker exited"), "{stderr}");
