@@ -235,12 +235,8 @@ impl StartedPostgres {
             .parent()
             .map(Path::to_path_buf)
             .unwrap_or_default();
-        release_in_use(&dir);
-        let turn = lock_file_beside(&dir, "lock")?;
-        turn.lock()
-            .context("locking the private PostgreSQL's lock file")?;
-        let users = lock_file_beside(&dir, "users")?;
-        if users.try_lock().is_err() {
+        let _turn = take_turn(&dir)?;
+        if alone_in_use(&dir)?.is_none() {
             say("another run uses the private PostgreSQL: leaving it running");
             return Ok(());
         }
@@ -289,24 +285,6 @@ impl PrivatePostgres {
         format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
-    /// The file beside the server's folder with `extension` ([`lock_file_beside`]).
-    fn lock_file(&self, extension: &str) -> anyhow::Result<std::fs::File> {
-        lock_file_beside(&self.dir, extension)
-    }
-
-    /// Waits for (and then holds, until the returned file is dropped) the lock beside the
-    /// server's folder.
-    fn take_turn(&self) -> anyhow::Result<std::fs::File> {
-        let path = self.dir.with_extension("lock");
-        let file = self.lock_file("lock")?;
-        if file.try_lock().is_err() {
-            say("waiting for another run that is starting the private PostgreSQL");
-            file.lock()
-                .with_context(|| format!("locking {}", path.display()))?;
-        }
-        Ok(file)
-    }
-
     /// Starts the server unless one already runs on the port. A running one is reused, except
     /// that one running with fsync off (started by `cargo xtask test`) is not what a benchmark
     /// or `dev` asked for: it is restarted with the server's defaults when it is this folder's,
@@ -316,7 +294,7 @@ impl PrivatePostgres {
         let data = self.dir.join("data");
         // One run at a time checks, starts or restarts the server: two starting it at once would
         // both run `pg_ctl start`, and the loser's clean-up would stop the winner's server.
-        let _turn = self.take_turn()?;
+        let _turn = take_turn(&self.dir)?;
         if reachable(&format!("127.0.0.1:{}", self.port)) {
             let (fsync, sessions, data_directory) = running_settings(&url).map_err(|why| {
                 anyhow::anyhow!(
@@ -344,7 +322,7 @@ impl PrivatePostgres {
                 say(format!(
                     "using the private PostgreSQL already running at {url} (left running)"
                 ));
-                self.hold_in_use()?;
+                hold_in_use(&self.dir)?;
                 return Ok((url, None));
             }
             if !same_folder(Path::new(&data_directory), &data) {
@@ -357,16 +335,14 @@ impl PrivatePostgres {
             }
             // Every run that uses the server holds `…/postgres.users` shared while it lives,
             // between its test binaries too: a restart needs it alone.
-            self.release_in_use();
-            let users = self.lock_file("users")?;
-            if users.try_lock().is_err() {
+            let Some(_alone) = alone_in_use(&self.dir)? else {
                 bail!(
                     "the private PostgreSQL at {url} runs with fsync off (for tests) and another \
                      run uses it (cargo xtask test?): wait for it, stop the server \
                      (pg_ctl -D {} stop), or set DATABASE_URL",
                     data.display()
                 );
-            }
+            };
             if sessions > 0 {
                 bail!(
                     "the private PostgreSQL at {url} runs with fsync off (for tests) and {sessions} \
@@ -448,16 +424,8 @@ impl PrivatePostgres {
         say(format!(
             "private PostgreSQL running at {url} (stop: pg_ctl -D {data_str} stop)"
         ));
-        self.hold_in_use()?;
+        hold_in_use(&self.dir)?;
         Ok((url, Some(started)))
-    }
-
-    fn hold_in_use(&self) -> anyhow::Result<()> {
-        hold_in_use(&self.dir)
-    }
-
-    fn release_in_use(&self) {
-        release_in_use(&self.dir);
     }
 }
 
@@ -496,6 +464,27 @@ fn hold_in_use(dir: &Path) -> anyhow::Result<()> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .insert(dir.to_path_buf(), file);
     Ok(())
+}
+
+/// Waits for (and then holds, until the returned file is dropped) the lock beside the server
+/// kept in `dir`: one run at a time checks, starts, restarts or stops it.
+fn take_turn(dir: &Path) -> anyhow::Result<std::fs::File> {
+    let file = lock_file_beside(dir, "lock")?;
+    if file.try_lock().is_err() {
+        say("waiting for another run that is starting or stopping the private PostgreSQL");
+        file.lock()
+            .with_context(|| format!("locking {}", dir.with_extension("lock").display()))?;
+    }
+    Ok(file)
+}
+
+/// Whether this process is the only run using the server kept in `dir`: it lets go of its own
+/// hold and tries `dir.users` alone. `Some` holds that lock until dropped (long enough to
+/// restart or stop the server); `None` means another run holds it.
+fn alone_in_use(dir: &Path) -> anyhow::Result<Option<std::fs::File>> {
+    release_in_use(dir);
+    let users = lock_file_beside(dir, "users")?;
+    Ok(users.try_lock().is_ok().then_some(users))
 }
 
 /// Lets go of this process's own hold on the server kept in `dir` (before it restarts or stops
@@ -742,7 +731,7 @@ mod tests {
             .to_string();
         assert!(in_use.contains("another run uses it"), "{in_use}");
         drop(other_run);
-        server.postgres.hold_in_use().unwrap();
+        hold_in_use(&server.postgres.dir).unwrap();
         // Not while another session uses it (a test run would lose its database).
         let mut user = Command::new("psql")
             .args([
