@@ -61,6 +61,11 @@ fn skips_excluded_folders_symlinks_and_oversized_files() {
         scan_tree(root, &few_tests),
         Err(ScanError::TooManyTests { limit: 0 })
     ));
+    assert_stops_at_a_past_deadline(root);
+}
+
+/// A scan of `root` whose deadline has passed stops with `TimedOut`.
+fn assert_stops_at_a_past_deadline(root: &std::path::Path) {
     let past_deadline = ScanOptions {
         deadline: Some(std::time::Instant::now()),
         ..ScanOptions::default()
@@ -127,14 +132,7 @@ fn a_tree_of_folders_without_source_files_still_stops_at_the_deadline() {
     let root = dir.path();
     std::fs::create_dir_all(root.join("a/b/c/d")).unwrap();
     write(root, "a/b/c/d/notes.txt", "not a source file");
-    let past_deadline = ScanOptions {
-        deadline: Some(std::time::Instant::now()),
-        ..ScanOptions::default()
-    };
-    assert!(matches!(
-        scan_tree(root, &past_deadline),
-        Err(ScanError::TimedOut)
-    ));
+    assert_stops_at_a_past_deadline(root);
 }
 
 #[test]
