@@ -16,6 +16,16 @@ use serde_json::{Map, Value};
 /// overflow the arithmetic of deadlines and timers (`Instant + duration` panics on overflow).
 pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
+/// `d` as a PostgreSQL duration setting (`lock_timeout`, `idle_in_transaction_session_timeout`
+/// …), in whole milliseconds: at least 1 (0 would mean none) and at most 2³¹−1 (about 24.8
+/// days; PostgreSQL refuses more, and a session option it refuses fails every connection).
+pub fn postgres_millis(d: Duration) -> String {
+    format!(
+        "{}ms",
+        d.as_millis().clamp(1, i32::MAX.unsigned_abs().into())
+    )
+}
+
 /// A configuration that could not be assembled, naming where the bad value came from: the
 /// environment variable, or the config file and its key.
 #[derive(Debug, thiserror::Error)]
@@ -369,6 +379,13 @@ mod tests {
             .unwrap_err()
             .to_string();
         (err, file.path().display().to_string())
+    }
+
+    #[test]
+    fn postgres_durations_are_whole_milliseconds_within_what_postgresql_holds() {
+        assert_eq!(postgres_millis(Duration::ZERO), "1ms");
+        assert_eq!(postgres_millis(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(postgres_millis(MAX_DURATION), "2147483647ms");
     }
 
     #[test]

@@ -95,7 +95,7 @@ impl TickStore {
     pub async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("SELECT set_config('idle_in_transaction_session_timeout', $1, true)")
-            .bind(format!("{}ms", self.lease_ttl.as_millis().max(1)))
+            .bind(common::config::postgres_millis(self.lease_ttl))
             .execute(&mut *tx)
             .await?;
         Ok(tx)

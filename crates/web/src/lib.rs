@@ -100,8 +100,8 @@ fn quota_problem_at(e: quota::QuotaError, now: chrono::DateTime<chrono::Utc>) ->
 /// everyone else). There is no statement timeout: a commit that runs past the request's timeout
 /// is answered `timeout_outcome_unknown` and must still be able to finish.
 pub fn pool(config: &WebConfig) -> anyhow::Result<PgPool> {
-    let lock_timeout = postgres_millis(config.database_lock_timeout);
-    let request_timeout = postgres_millis(config.http_request_timeout);
+    let lock_timeout = common::config::postgres_millis(config.database_lock_timeout);
+    let request_timeout = common::config::postgres_millis(config.http_request_timeout);
     let options = connect_options(config)?.options([
         ("plan_cache_mode", "force_generic_plan"),
         ("lock_timeout", lock_timeout.as_str()),
@@ -132,16 +132,6 @@ pub fn migration_pool(config: &WebConfig) -> anyhow::Result<PgPool> {
         .max_connections(1)
         .acquire_timeout(Duration::from_secs(10))
         .connect_lazy_with(connect_options(config)?))
-}
-
-/// `d` as a PostgreSQL duration setting, in whole milliseconds: at least 1 (0 would mean none)
-/// and at most 2³¹−1 (about 24.8 days; PostgreSQL refuses more, and every connection would
-/// fail).
-fn postgres_millis(d: Duration) -> String {
-    format!(
-        "{}ms",
-        d.as_millis().clamp(1, i32::MAX.unsigned_abs().into())
-    )
 }
 
 /// The address-space cap of the `git ls-remote` that resolves a branch or tag.
