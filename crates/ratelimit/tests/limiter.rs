@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use common::{redis_url, temp_dir, unique_prefix};
 use ratelimit::{
     Backend, DecisionKind, DecisionSource, DescriptorKey, Limiter, LimiterConfig, ManualClock,
-    MemoryBackend, MemoryConfig, RateLimitRequest, RedisBackend, RedisConfig, RuleSet, Unit,
+    MemoryBackend, MemoryConfig, RateLimitRequest, RedisBackend, RedisConfig, RuleLimit, RuleSet,
+    Unit,
 };
 
 const T0: u64 = 1_700_000_000 * 1_000_000;
@@ -539,5 +540,57 @@ async fn a_denial_decided_under_the_old_rules_is_not_cached_after_a_reload() {
         "asked under the new rules, not answered from the old ones' denial"
     );
     assert_eq!(next.limits[0].decision.limit, 1000);
+    std::fs::remove_dir_all(dir).expect("cleanup");
+}
+
+fn limit_in_force(limiter: &Limiter) -> u64 {
+    match limiter.rules().rules()[0].limit {
+        RuleLimit::Limited(policy) => policy.requests_per_unit,
+        other => panic!("unexpected limit {other:?}"),
+    }
+}
+
+/// Reloads racing each other while the file changes never put an older text in force after a
+/// newer one: the limit seen in force only grows, and the newest text is in force at the end.
+#[test]
+fn concurrent_reloads_never_go_back_to_older_rules() {
+    const VERSIONS: u64 = 400;
+    let dir = temp_dir("reload-race");
+    let path = dir.join("rules.yaml");
+    write(&path, &rules_with_limit(1));
+    let limiter =
+        Limiter::from_rules_file(&path, memory_backend(), static_config()).expect("valid file");
+    let writing = std::sync::atomic::AtomicBool::new(true);
+    std::thread::scope(|scope| {
+        for _ in 0..3 {
+            scope.spawn(|| {
+                while writing.load(std::sync::atomic::Ordering::Acquire) {
+                    limiter.reload_now().expect("every version is valid");
+                }
+                limiter.reload_now().expect("every version is valid");
+            });
+        }
+        let observer = scope.spawn(|| {
+            let mut seen = vec![limit_in_force(&limiter)];
+            while writing.load(std::sync::atomic::Ordering::Acquire) {
+                let now = limit_in_force(&limiter);
+                if Some(&now) != seen.last() {
+                    seen.push(now);
+                }
+            }
+            seen
+        });
+        for version in 2..=VERSIONS {
+            write(&path, &rules_with_limit(version));
+            std::thread::yield_now();
+        }
+        writing.store(false, std::sync::atomic::Ordering::Release);
+        let seen = observer.join().expect("observer");
+        assert!(
+            seen.windows(2).all(|pair| pair[0] < pair[1]),
+            "rules went back to an older version: {seen:?}"
+        );
+    });
+    assert_eq!(limit_in_force(&limiter), VERSIONS);
     std::fs::remove_dir_all(dir).expect("cleanup");
 }
