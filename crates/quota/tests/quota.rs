@@ -1098,3 +1098,98 @@ async fn an_expired_or_linked_reservation_cannot_be_attached() {
     ));
     assert_totals_exact(&db.pool).await;
 }
+
+/// A cleanup running while reservations made earlier are linked to their jobs never takes a
+/// linked reservation for an orphan: with a TTL of zero every unlinked reservation is a
+/// candidate, so each link races a cleanup. A reservation the cleanup removed first cannot be
+/// linked (its job is rolled back); one linked first stays with its live job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cleanup_racing_links_never_removes_a_live_jobs_reservation() {
+    const LINKERS: usize = 4;
+    const ROUNDS: usize = 150;
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let quota = Arc::new(quota());
+    let user = user(&db.pool, "enterprise").await;
+    let linking = CancellationToken::new();
+    let cleaner = {
+        let pool = db.pool.clone();
+        let linking = linking.clone();
+        tokio::spawn(async move {
+            let mut reports = Vec::new();
+            while !linking.is_cancelled() {
+                reports.push(quota::cleanup(&pool, Duration::ZERO).await.unwrap());
+            }
+            reports
+        })
+    };
+    let linkers: Vec<_> = (0..LINKERS)
+        .map(|_| {
+            let pool = db.pool.clone();
+            let client = client.clone();
+            let quota = Arc::clone(&quota);
+            tokio::spawn(async move {
+                let (mut linked, mut refused) = (0_u64, 0_u64);
+                for _ in 0..ROUNDS {
+                    let mut tx = pool.begin().await.unwrap();
+                    let reservation = quota
+                        .reserve(&mut tx, user, Service::Analysis, Utc::now())
+                        .await
+                        .unwrap();
+                    tx.commit().await.unwrap();
+                    let mut tx = pool.begin().await.unwrap();
+                    let inserted = client
+                        .insert_tx(&mut tx, analysis_job(user, reservation.tier))
+                        .await
+                        .unwrap();
+                    match reservation.attach_job(&mut tx, inserted.job.id).await {
+                        Ok(()) => {
+                            tx.commit().await.unwrap();
+                            linked += 1;
+                        }
+                        Err(QuotaError::UnknownReservation(_)) => {
+                            tx.rollback().await.unwrap();
+                            refused += 1;
+                        }
+                        Err(other) => panic!("attach failed: {other}"),
+                    }
+                }
+                (linked, refused)
+            })
+        })
+        .collect();
+    let (mut linked, mut refused) = (0_u64, 0_u64);
+    for linker in linkers {
+        let (l, r) = linker.await.unwrap();
+        linked += l;
+        refused += r;
+    }
+    linking.cancel();
+    let reports = cleaner.await.unwrap();
+    let missing: u64 = reports.iter().map(|r| r.missing_job).sum();
+    let expired: u64 = reports.iter().map(|r| r.expired_without_job).sum();
+    assert_eq!(
+        missing, 0,
+        "a live job's reservation was removed as orphaned"
+    );
+    assert_eq!(
+        expired, refused,
+        "every refused link is one the cleanup removed"
+    );
+    assert!(
+        linked > 0 && refused > 0,
+        "the race was not exercised: {linked} linked, {refused} refused"
+    );
+    let unreserved_jobs = count(
+        &db.pool,
+        "SELECT count(*) FROM fairlane_job j \
+         WHERE NOT EXISTS (SELECT 1 FROM quota_reservations r WHERE r.job_id = j.id)",
+    )
+    .await;
+    assert_eq!(unreserved_jobs, 0);
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM quota_reservations").await,
+        i64::try_from(linked).unwrap()
+    );
+    assert_totals_exact(&db.pool).await;
+}
