@@ -91,6 +91,11 @@ pub const CODES: &[(&str, u16, &str)] = &[
         503,
         "The database failed while committing the request's writes; they may have taken effect",
     ),
+    (
+        "committed_unread",
+        503,
+        "The request's writes were committed, but reading back what they created failed",
+    ),
     ("not_ready", 503, "The service cannot serve requests yet"),
     (
         "database_busy",
@@ -252,6 +257,21 @@ impl Problem {
             "the database failed while committing this request; it may have taken effect: look \
              it up by the id given here before sending it again",
         )
+    }
+
+    /// A 503 `committed_unread`: the request's writes are committed, and reading back what they
+    /// created (named in `detail` and by the caller's id member) failed with `error`.
+    pub fn committed_unread(error: &dyn std::fmt::Display, what: &str) -> Self {
+        tracing::error!(%error, "reading back a committed request's record failed");
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "committed_unread",
+            format!(
+                "the request was carried out and its {what} saved, but reading it back failed; \
+                 look it up by the id given here instead of sending the request again"
+            ),
+        )
+        .header(http::header::RETRY_AFTER, HeaderValue::from_static("1"))
     }
 
     /// A 503 `database_busy`: a statement waited for a lock (`DATABASE_LOCK_TIMEOUT`), or ran,

@@ -1061,6 +1061,100 @@ async fn cache_hits_return_the_stored_result_without_job_reservation_or_usage() 
     s.stop().await;
 }
 
+/// A cache hit's copy is committed before its inventory is read: if that read fails (here the
+/// database stops taking new connections, and the server's pool has none left), the answer is 503
+/// `committed_unread` naming the committed copy to look up, not a 500 that says nothing of it.
+#[tokio::test]
+async fn a_cache_hit_whose_read_fails_after_the_commit_names_the_committed_copy() {
+    let db = TestDb::new().await;
+    let mut c = config(&db);
+    c.http_request_timeout = Duration::from_secs(3);
+    let s = TestServer::start(c).await;
+    let (original_owner, first_key) = user_with_key(&db.pool, "pro").await;
+    let (second_user, second_key) = user_with_key(&db.pool, "pro").await;
+    let repository = "https://github.com/fairlane-test/fixture";
+    sqlx::query(
+        "INSERT INTO analyses (user_id, repository, commit, state, result, completed_at) \
+         VALUES ($1, $2, $3, 'completed', '{\"tests\": 7}', now())",
+    )
+    .bind(original_owner)
+    .bind(repository)
+    .bind(sha(5))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let body = json!({"repository": repository, "ref": sha(5)});
+    // Both collectors now hold a connection, and the server's pool one more (the read).
+    let r = s.http.post_json("/v1/analyses", &first_key, &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["result"]["tests"], 7);
+
+    // The pool's connection ends, and no new one is let in; the collectors' stay.
+    let mut admin = db.pool.acquire().await.unwrap();
+    let readers: Vec<i32> = sqlx::query_scalar(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
+         AND pid <> pg_backend_pid() AND query LIKE '%FROM analyses WHERE id = $1 AND user_id = $2'",
+    )
+    .fetch_all(&mut *admin)
+    .await
+    .unwrap();
+    assert_eq!(readers.len(), 1, "the pool's read connection");
+    let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1, 10000)")
+        .bind(readers[0])
+        .fetch_one(&mut *admin)
+        .await
+        .unwrap();
+    assert!(ended);
+    let database: String = sqlx::query_scalar("SELECT current_database()")
+        .fetch_one(&mut *admin)
+        .await
+        .unwrap();
+    // A database cannot close itself to connections from its own session.
+    let mut server = <sqlx::PgConnection as sqlx::Connection>::connect(&testkit::database_url())
+        .await
+        .unwrap();
+    let allow_connections = |allow: bool| {
+        sqlx::AssertSqlSafe(format!(
+            "ALTER DATABASE \"{database}\" ALLOW_CONNECTIONS {allow}"
+        ))
+    };
+    sqlx::query(allow_connections(false))
+        .execute(&mut server)
+        .await
+        .unwrap();
+
+    let r = s.http.post_json("/v1/analyses", &second_key, &body).await;
+    let problem = r.problem(503, "committed_unread");
+    assert_eq!(r.header("retry-after"), Some("1"));
+    let named = problem["analysis_id"].as_str().unwrap().to_owned();
+
+    sqlx::query(allow_connections(true))
+        .execute(&mut server)
+        .await
+        .unwrap();
+    let copies: Vec<(uuid::Uuid,)> = sqlx::query_as("SELECT id FROM analyses WHERE user_id = $1")
+        .bind(second_user)
+        .fetch_all(&mut *admin)
+        .await
+        .unwrap();
+    assert_eq!(copies.len(), 1, "the copy was committed");
+    assert_eq!(copies[0].0.to_string(), named);
+    // The id answers the question the failed read left open.
+    let r = s
+        .http
+        .get(&format!("/v1/analyses/{named}"), &second_key)
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["result"]["tests"], 7);
+    // Asking again returns that copy: nothing twice, no quota.
+    let r = s.http.post_json("/v1/analyses", &second_key, &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["id"], named.as_str());
+    // The original (its owner asked first and got it) and the one copy.
+    assert_eq!(written_rows(&db.pool).await, [0, 0, 0, 2, 0]);
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn specviews_need_a_completed_analysis_and_serve_markdown() {
     let db = TestDb::new().await;

@@ -164,7 +164,8 @@ pub async fn create(
                 watch.outcome_unknown();
             }
             let committed = |e: &dyn std::fmt::Display| {
-                Problem::internal(e).with("analysis_id", view.id.to_string())
+                Problem::committed_unread(e, "analysis (served from the cache)")
+                    .with("analysis_id", view.id.to_string())
             };
             let full = read_analysis(&state, view.id, user.user_id)
                 .await
