@@ -7,7 +7,9 @@
 //! fewer than `limit` *other* jobs of its user are running. Each check is one statement that sees
 //! every fetch committed before it, and each job checks after its own fetch committed; so of two
 //! jobs racing for the last slot at least one sees the other and waits. (Both may wait; the jitter
-//! then separates them.)
+//! then separates them.) Jobs of one user taken by the same fetch commit together and cannot
+//! race: they are ranked by id, and a job does not count those after it (`store::other_running`),
+//! so with free slots the first of them run instead of all of them snoozing each other.
 //!
 //! [`FairnessGate`]: crate::FairnessGate
 

@@ -205,21 +205,38 @@ pub async fn counts_and_tiers(
         .collect())
 }
 
-/// Running jobs of `user` in `queues`, not counting `except`.
+/// Running jobs of `user` in `queues` that `job` must leave room for: all of them but `job`
+/// itself and the jobs fetched in the same fetch as `job` (same `attempted_at`, same fetching
+/// worker) with a higher id.
+///
+/// Jobs of one fetch commit together, so each sees all the others; if every one counted every
+/// other, a user's jobs fetched together with free slots would all snooze, and with no jitter come
+/// back together and snooze again, forever. Ranked by id within their fetch, the first `limit`
+/// run. Jobs of different fetches still count each other whole, which keeps two racing fetches
+/// from both taking the last slot (see [`crate::FairnessMiddleware`]).
 pub async fn other_running(
     conn: &mut PgConnection,
     queues: &[String],
     user: Uuid,
-    except: JobId,
+    job: JobId,
 ) -> Result<u32, FairnessError> {
     let n: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM fairlane_job \
-         WHERE state = 'running' AND user_id IS NOT NULL AND user_id = $2 AND queue = ANY($1) \
-           AND id <> $3",
+        "WITH mine AS ( \
+           SELECT attempted_at, attempted_by[cardinality(attempted_by)] AS worker \
+           FROM fairlane_job WHERE id = $3 \
+         ) \
+         SELECT count(*) FROM fairlane_job o \
+         WHERE o.state = 'running' AND o.user_id IS NOT NULL AND o.user_id = $2 \
+           AND o.queue = ANY($1) AND o.id <> $3 \
+           AND NOT EXISTS ( \
+             SELECT 1 FROM mine f \
+             WHERE o.id > $3 AND o.attempted_at = f.attempted_at \
+               AND o.attempted_by[cardinality(o.attempted_by)] = f.worker \
+           )",
     )
     .bind(queues)
     .bind(user)
-    .bind(except)
+    .bind(job)
     .fetch_one(&mut *conn)
     .await?;
     Ok(u32::try_from(n).unwrap_or(u32::MAX))

@@ -410,6 +410,53 @@ async fn without_the_gate_over_limit_jobs_snooze_without_using_attempts() {
     assert_eq!(peak_concurrency(&runs), 1);
 }
 
+/// Without the gate, a user's jobs taken by one fetch while their slots are free do not snooze
+/// each other: the first of them (by id) up to the limit run. With no jitter, snoozed jobs come
+/// back together and are fetched together again, so counting one another they would never run.
+#[tokio::test]
+async fn without_the_gate_jobs_fetched_together_run_up_to_the_limit() {
+    let h = Harness::new().await;
+    let free = h.user(Tier::Free).await;
+    let pro = h.user(Tier::Pro).await;
+    let free_jobs = h.enqueue(Lane::Default, Some(free), 100, 3).await;
+    let pro_jobs = h.enqueue(Lane::Default, Some(pro), 100, 5).await;
+    let (shutdown, handle) = h.start(
+        8,
+        FairnessConfig {
+            fairness_fetch_gate: false,
+            fairness_snooze_jitter: Duration::ZERO,
+            ..fast_fairness()
+        },
+    );
+    let all: Vec<i64> = free_jobs.iter().chain(&pro_jobs).copied().collect();
+    h.wait_completed(&all, Duration::from_secs(20)).await;
+    stop(shutdown, handle).await;
+    assert_eq!(peak_concurrency(&h.runs_of(free)), 1);
+    assert_eq!(peak_concurrency(&h.runs_of(pro)), 3);
+    // The first fetch took every job: the first of each user's, up to the limit, ran at once.
+    let snoozes: Vec<i64> = sqlx::query_scalar(
+        "SELECT coalesce((metadata->>'snoozes')::int8, 0) FROM fairlane_job \
+         WHERE id = ANY($1) ORDER BY id",
+    )
+    .bind(&all)
+    .fetch_all(&h.db.pool)
+    .await
+    .unwrap();
+    let first_free = free_jobs.iter().min().unwrap();
+    let mut first_pro = pro_jobs.clone();
+    first_pro.sort_unstable();
+    let ran_at_once: Vec<i64> = std::iter::once(*first_free)
+        .chain(first_pro.into_iter().take(3))
+        .collect();
+    let mut sorted = all.clone();
+    sorted.sort_unstable();
+    for (id, n) in sorted.iter().zip(&snoozes) {
+        if ran_at_once.contains(id) {
+            assert_eq!(*n, 0, "job {id} snoozed although its user had a free slot");
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_tier_upgrade_raises_the_limit_without_restart_and_disabling_removes_limits() {
     let h = Harness::new().await;
