@@ -258,11 +258,18 @@ pub async fn promote_due(pool: &PgPool) -> Result<u64, QueueError> {
     }
 }
 
-/// The running jobs [`rescue_dead_workers`] looks at: those whose worker has not heartbeated
-/// for `$1` ms.
+/// The running jobs [`rescue_dead_workers`] looks at: those fetched at least `$1` ms ago whose
+/// worker has not heartbeated for `$1` ms.
+///
+/// The age of the run matters as much as the worker's: a worker cut off from the database for
+/// longer than `$1` is rescued and its row deleted, and when the database comes back its
+/// producers may fetch before its heartbeat has registered it again. Such a run is live; within
+/// `$1` of its fetch its worker is back (a heartbeat is due every `heartbeat_interval`, which is
+/// shorter) or really gone, and only then is it rescued.
 macro_rules! dead_worker_condition {
     () => {
-        "j.state = 'running' AND cardinality(j.attempted_by) > 0 AND NOT EXISTS ( \
+        "j.state = 'running' AND cardinality(j.attempted_by) > 0 \
+         AND j.attempted_at < now() - $1 * interval '1 millisecond' AND NOT EXISTS ( \
              SELECT 1 FROM fairlane_worker w \
              WHERE w.id = j.attempted_by[cardinality(j.attempted_by)] \
                AND w.heartbeat_at > now() - $1 * interval '1 millisecond')"

@@ -937,6 +937,83 @@ async fn jobs_of_a_worker_that_stopped_heartbeating_are_rescued() {
     assert_eq!(dead, 0, "dead worker row reaped");
 }
 
+/// A worker cut off from the database long enough to be taken for dead is rescued and its row
+/// deleted; when the database comes back, its producer may fetch before its heartbeat registers
+/// it again. That run is live, and the rescuer leaves it alone: a job is rescued only once it has
+/// been running for `rescue_after` too, by which time a live worker has heartbeated again.
+/// (A trigger keeps this worker's heartbeat stale, as if it had not registered yet.)
+#[tokio::test]
+async fn a_job_fetched_by_a_worker_not_yet_registered_again_is_not_rescued() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let release = Arc::new(tokio::sync::Notify::new());
+    let mut workers = Workers::new();
+    let handler_release = Arc::clone(&release);
+    workers.register_fn::<Noop, _, _>(move |_, _| {
+        let release = Arc::clone(&handler_release);
+        async move {
+            release.notified().await;
+            Ok(())
+        }
+    });
+    let config = queue::EngineConfig {
+        maintenance: false,
+        ..fast_config()
+    };
+    let engine = start(&client, config.clone(), &[("q", 1)], workers);
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE FUNCTION stale_heartbeat() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF NEW.id = '{}' THEN NEW.heartbeat_at := now() - interval '1 hour'; END IF; \
+         RETURN NEW; END $$",
+        engine.worker_id
+    )))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "CREATE TRIGGER stale_heartbeat BEFORE INSERT OR UPDATE ON fairlane_worker \
+         FOR EACH ROW EXECUTE FUNCTION stale_heartbeat()",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    // What the leader's rescue of a worker it took for dead does to its row.
+    sqlx::query("DELETE FROM fairlane_worker WHERE id = $1")
+        .bind(&engine.worker_id)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let job = client
+        .insert(NewJob::new(q("q"), &Noop {}).unwrap().max_attempts(1))
+        .await
+        .unwrap()
+        .job;
+    eventually(Duration::from_secs(10), "the job running", || async {
+        (state_of(&db.pool, job.id).await == "running").then_some(())
+    })
+    .await;
+
+    let waker = queue::wake::Waker::new(db.pool.clone());
+    let rescued =
+        queue::maintenance::rescue_dead_workers(&db.pool, &[], &waker, config.rescue_after)
+            .await
+            .unwrap();
+    assert!(rescued.is_empty(), "a live run was rescued: {rescued:?}");
+    release.notify_one();
+    let done = eventually(Duration::from_secs(10), "the job completed", || async {
+        let j = client.job(job.id).await.unwrap().unwrap();
+        j.state.is_final().then_some(j)
+    })
+    .await;
+    engine.stop().await;
+    assert_eq!(
+        done.state,
+        JobState::Completed,
+        "{:?}",
+        done.attempt_errors()
+    );
+}
+
 #[tokio::test]
 async fn cleaner_deletes_final_jobs_past_retention_only() {
     let db = TestDb::new().await;
@@ -1152,7 +1229,7 @@ async fn a_job_the_hooks_refuse_to_rescue_does_not_hold_back_the_others() {
     let hooks: Vec<Arc<dyn queue::TransitionHook>> = vec![poison.clone()];
     let ids = insert_noops(&Client::new(db.pool.clone()), "q", 3).await;
     poison.poison(ids[1]);
-    mark_running(&db.pool, &ids, "dead-worker", 0).await;
+    mark_running(&db.pool, &ids, "dead-worker", 1_000).await;
     let waker = queue::wake::Waker::new(db.pool.clone());
     let stale = Duration::from_millis(100);
 
