@@ -273,6 +273,10 @@ impl Engine {
         // run's end. Fetching on would only pile up `running` jobs; the engine stops instead and
         // reports it, so that the process is restarted and the rescuer hands those jobs back.
         let mut completer_stopped = false;
+        // The same for a background task that panicked (a hook, in a rescue or a hand-back):
+        // without its heartbeat this worker's runs would all be rescued under it, and without
+        // its maintenance the lease it holds would keep every other replica from maintaining.
+        let mut background_panicked = false;
         tokio::select! {
             () = shutdown.cancelled() => {}
             _ = &mut completer => {
@@ -280,6 +284,13 @@ impl Engine {
                 tracing::error!(
                     running = inflight.len(),
                     "the completer stopped; shutting the engine down, its running jobs will be rescued"
+                );
+            }
+            () = first_panic(&mut tasks) => {
+                background_panicked = true;
+                tracing::error!(
+                    running = inflight.len(),
+                    "a background task panicked; shutting the engine down"
                 );
             }
         }
@@ -349,8 +360,31 @@ impl Engine {
         if completer_stopped {
             return Err(QueueError::CompleterStopped);
         }
+        if background_panicked {
+            return Err(QueueError::BackgroundTaskPanicked);
+        }
         Ok(())
     }
+}
+
+/// Waits until a task of `tasks` panics (after logging the panic); never returns otherwise. A
+/// task that returns is let go: only a panic ends a background task that should still run.
+async fn first_panic(tasks: &mut tokio::task::JoinSet<()>) {
+    while let Some(ended) = tasks.join_next().await {
+        if let Err(e) = ended
+            && e.is_panic()
+        {
+            let payload = e.into_panic();
+            let message = payload
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".to_owned());
+            tracing::error!(panic = %message, "an engine background task panicked");
+            return;
+        }
+    }
+    std::future::pending::<()>().await;
 }
 
 /// How long shutdown waits for a step that is only waiting on the database (a producer's fetch,

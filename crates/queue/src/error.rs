@@ -23,6 +23,10 @@ pub enum QueueError {
         "the engine's completer stopped (a transition hook panicked); the engine stopped, and its running jobs are left to the rescuer"
     )]
     CompleterStopped,
+    #[error(
+        "a background task of the engine (heartbeat, maintenance, leader election or notifier) panicked, a transition hook most likely; the engine shut down"
+    )]
+    BackgroundTaskPanicked,
 }
 
 /// A boxed error from an extension (hook, gate, handler).

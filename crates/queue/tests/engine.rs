@@ -821,6 +821,54 @@ async fn an_engine_whose_completer_stopped_stops_and_says_so() {
     assert_eq!(stuck.state, JobState::Running, "left for the rescuer");
 }
 
+/// A transition hook that panics on the transitions of one job.
+struct PanicsOnJob(i64);
+
+#[async_trait::async_trait]
+impl queue::TransitionHook for PanicsOnJob {
+    async fn on_transitions(
+        &self,
+        _conn: &mut sqlx::PgConnection,
+        transitions: &[queue::Transition],
+    ) -> Result<(), queue::BoxError> {
+        assert!(
+            transitions.iter().all(|t| t.job_id != self.0),
+            "hook exploded on job {}",
+            self.0
+        );
+        Ok(())
+    }
+}
+
+/// A hook that panics while the leader rescues a dead worker's job ends the maintenance task.
+/// The engine then stops and says so, like when its completer stopped, rather than running on
+/// with a lease that keeps every other replica from maintaining, and nothing promoted, rescued
+/// or cleaned.
+#[tokio::test]
+async fn an_engine_whose_maintenance_panicked_stops_and_says_so() {
+    let db = TestDb::new().await;
+    let plain = Client::new(db.pool.clone());
+    let poisoned = insert_noops(&plain, "elsewhere", 1).await[0];
+    mark_running(&db.pool, &[poisoned], "dead-worker", 60_000).await;
+    let client = Client::new(db.pool.clone()).with_hooks(vec![Arc::new(PanicsOnJob(poisoned))]);
+    let engine = start(&client, fast_config(), &[("q", 1)], Workers::new());
+    let ended = tokio::time::timeout(Duration::from_secs(30), engine.handle)
+        .await
+        .expect("the engine stops on its own")
+        .expect("engine task panicked");
+    assert!(
+        matches!(ended, Err(queue::QueueError::BackgroundTaskPanicked)),
+        "{ended:?}"
+    );
+    // It let its lease go on the way out, for another replica to take.
+    let leases: i64 = sqlx::query_scalar("SELECT count(*) FROM fairlane_leader")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(leases, 0, "the maintenance lease was kept");
+    assert_eq!(state_of(&db.pool, poisoned).await, "running");
+}
+
 #[tokio::test]
 async fn lost_database_connections_lose_and_double_nothing() {
     let db = TestDb::new().await;
