@@ -45,7 +45,35 @@ pub(crate) async fn deregister(pool: &PgPool, worker_id: &str) -> Result<(), Que
     Ok(())
 }
 
+/// Heartbeats, and repairs this worker's runs, every `heartbeat_interval` until `shutdown`.
+///
+/// The two go in loops of their own. The repairs update job rows, and wait for their locks: a
+/// lock on the job table (an index built, a `VACUUM FULL`) held longer than `rescue_after` would
+/// otherwise hold the heartbeat back with them, and the rescuer would take this live worker's
+/// runs once the lock went.
 pub(crate) async fn run(rt: Arc<Runtime>, queues: Vec<String>, shutdown: CancellationToken) {
+    let heartbeats = every_interval(&rt, &shutdown, || async {
+        let result = register(&rt.pool, &rt.worker_id, &queues).await;
+        rt.db_health.record(result.is_ok());
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "heartbeat failed");
+        }
+    });
+    let repairs = every_interval(&rt, &shutdown, || async {
+        if let Err(e) = repair(&rt).await {
+            tracing::warn!(error = %e, "repairing this worker's runs failed");
+        }
+    });
+    tokio::join!(heartbeats, repairs);
+}
+
+/// Runs `step` every `heartbeat_interval` (a late step delays the next) until `shutdown`; a step
+/// under way is finished first.
+async fn every_interval<F, Fut>(rt: &Runtime, shutdown: &CancellationToken, mut step: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ()>,
+{
     let mut ticker = tokio::time::interval(rt.config.heartbeat_interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -53,16 +81,13 @@ pub(crate) async fn run(rt: Arc<Runtime>, queues: Vec<String>, shutdown: Cancell
             () = shutdown.cancelled() => return,
             _ = ticker.tick() => {}
         }
-        let result = beat(&rt, &queues).await;
-        rt.db_health.record(result.is_ok());
-        if let Err(e) = result {
-            tracing::warn!(error = %e, "heartbeat failed");
-        }
+        step().await;
     }
 }
 
-async fn beat(rt: &Runtime, queues: &[String]) -> Result<(), QueueError> {
-    register(&rt.pool, &rt.worker_id, queues).await?;
+/// Hands back this worker's unsaved runs and the jobs it never received, and passes on the
+/// cancels requested for its runs.
+async fn repair(rt: &Runtime) -> Result<(), QueueError> {
     hand_back_unsaved(rt).await?;
     hand_back_orphans(rt).await?;
     let cancel_requested: Vec<(JobId,)> = sqlx::query_as(

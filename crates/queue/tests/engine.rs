@@ -1062,6 +1062,80 @@ async fn a_job_fetched_by_a_worker_not_yet_registered_again_is_not_rescued() {
     );
 }
 
+/// A lock on the job table held longer than `rescue_after` (an index built without
+/// `CONCURRENTLY`, a `VACUUM FULL`) holds back the heartbeat's repairs, which update job rows,
+/// but not the heartbeat itself: the worker stays alive in its row, and a rescuer that runs once
+/// the lock is gone leaves its runs alone.
+#[tokio::test]
+async fn a_lock_on_the_job_table_does_not_stop_the_heartbeat() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let release = Arc::new(tokio::sync::Notify::new());
+    let mut workers = Workers::new();
+    let handler_release = Arc::clone(&release);
+    workers.register_fn::<Noop, _, _>(move |_, _| {
+        let release = Arc::clone(&handler_release);
+        async move {
+            release.notified().await;
+            Ok(())
+        }
+    });
+    let config = queue::EngineConfig {
+        maintenance: false,
+        ..fast_config()
+    };
+    let engine = start(&client, config.clone(), &[("q", 1)], workers);
+    let job = client
+        .insert(NewJob::new(q("q"), &Noop {}).unwrap())
+        .await
+        .unwrap()
+        .job;
+    eventually(Duration::from_secs(10), "the job running", || async {
+        (state_of(&db.pool, job.id).await == "running").then_some(())
+    })
+    .await;
+
+    let mut locker = db.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE fairlane_job IN SHARE MODE")
+        .execute(&mut *locker)
+        .await
+        .unwrap();
+    tokio::time::sleep(config.rescue_after + Duration::from_millis(500)).await;
+    let heartbeat_age_ms: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM now() - heartbeat_at)::float8 * 1000 \
+         FROM fairlane_worker WHERE id = $1",
+    )
+    .bind(&engine.worker_id)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(
+        heartbeat_age_ms < config.rescue_after.as_millis() as f64,
+        "the heartbeat stopped behind the lock: {heartbeat_age_ms} ms old"
+    );
+    locker.commit().await.unwrap();
+
+    let waker = queue::wake::Waker::new(db.pool.clone());
+    let rescued =
+        queue::maintenance::rescue_dead_workers(&db.pool, &[], &waker, config.rescue_after)
+            .await
+            .unwrap();
+    assert!(rescued.is_empty(), "a live run was rescued: {rescued:?}");
+    release.notify_one();
+    let done = eventually(Duration::from_secs(10), "the job completed", || async {
+        let j = client.job(job.id).await.unwrap().unwrap();
+        j.state.is_final().then_some(j)
+    })
+    .await;
+    engine.stop().await;
+    assert_eq!(
+        done.state,
+        JobState::Completed,
+        "{:?}",
+        done.attempt_errors()
+    );
+}
+
 #[tokio::test]
 async fn cleaner_deletes_final_jobs_past_retention_only() {
     let db = TestDb::new().await;
