@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use sqlx::postgres::PgConnectOptions;
 
 use crate::backoff::RetryPolicy;
 
@@ -199,6 +200,16 @@ impl EngineConfig {
         }
         Ok(())
     }
+}
+
+/// `options` with the session settings Fairlane's statements rely on, whatever the database's or
+/// the role's defaults: READ COMMITTED. The fetch gate counts a user's running jobs in a statement
+/// of its own after taking the user's lock, and the quota check and the reservation cleanup decide
+/// in a statement after their locks; each must see what was committed before it. Under a
+/// `default_transaction_isolation` of `repeatable read` they would see the transaction's first
+/// snapshot instead, and two replicas could both take a user's last slot.
+pub fn session_settings(options: PgConnectOptions) -> PgConnectOptions {
+    options.options([("default_transaction_isolation", "read committed")])
 }
 
 #[cfg(test)]

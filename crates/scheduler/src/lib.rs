@@ -266,5 +266,5 @@ pub fn lazy_pool(config: &Config) -> Result<PgPool, SchedulerError> {
     Ok(PgPoolOptions::new()
         .max_connections(config.database_max_connections)
         .acquire_timeout(Duration::from_secs(10))
-        .connect_lazy_with(options))
+        .connect_lazy_with(queue::config::session_settings(options)))
 }

@@ -89,6 +89,18 @@ impl TestDb {
         url.to_string()
     }
 
+    /// Makes `level` the default isolation of this database's new sessions (as an operator's
+    /// `ALTER DATABASE … SET default_transaction_isolation` would).
+    pub async fn set_default_isolation(&self, level: &str) {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "ALTER DATABASE \"{}\" SET default_transaction_isolation = '{level}'",
+            self.name
+        )))
+        .execute(&self.pool)
+        .await
+        .unwrap_or_else(|e| panic!("setting {}'s default isolation: {e}", self.name));
+    }
+
     /// A new pool on this database (e.g. with a different size).
     pub async fn pool_with(&self, max_connections: u32) -> PgPool {
         PgPoolOptions::new()
@@ -277,4 +289,12 @@ async fn ensure_template() -> String {
     .await
     .unwrap_or_else(|e| panic!("building template database {name}: {e}"));
     name
+}
+
+/// The isolation level a new transaction on `pool` runs at (`read committed`, …).
+pub async fn isolation_of(pool: &PgPool) -> String {
+    sqlx::query_scalar("SHOW transaction_isolation")
+        .fetch_one(pool)
+        .await
+        .expect("SHOW transaction_isolation")
 }

@@ -116,14 +116,16 @@ pub fn pool(config: &WebConfig) -> anyhow::Result<PgPool> {
         .connect_lazy_with(options))
 }
 
-/// The connect options of `config`'s database, with no session settings: migrations may wait
-/// on locks and run long.
+/// The connect options of `config`'s database, with only the queue's session settings
+/// ([`queue::config::session_settings`]) and no timeouts: migrations may wait on locks and run
+/// long.
 fn connect_options(config: &WebConfig) -> anyhow::Result<PgConnectOptions> {
     config.check_connections().map_err(anyhow::Error::msg)?;
-    config
+    let options = config
         .database_url
         .parse()
-        .context("DATABASE_URL is not a PostgreSQL URL")
+        .context("DATABASE_URL is not a PostgreSQL URL")?;
+    Ok(queue::config::session_settings(options))
 }
 
 /// A pool for migrations: the server's defaults, no lock or statement timeout.

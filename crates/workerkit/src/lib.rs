@@ -196,7 +196,7 @@ pub fn lazy_pool(config: &WorkerConfig) -> Result<PgPool, WorkerError> {
     Ok(PgPoolOptions::new()
         .max_connections(config.database_max_connections)
         .acquire_timeout(Duration::from_secs(10))
-        .connect_lazy_with(options))
+        .connect_lazy_with(queue::config::session_settings(options)))
 }
 
 /// Waits until the database is reachable and fully migrated; false if shut down first (a
