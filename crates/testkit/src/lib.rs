@@ -92,7 +92,7 @@ impl TestDb {
     /// Makes `level` the default isolation of this database's new sessions (as an operator's
     /// `ALTER DATABASE … SET default_transaction_isolation` would).
     pub async fn set_default_isolation(&self, level: &str) {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
+        sqlx::query(AssertSqlSafe(format!(
             "ALTER DATABASE \"{}\" SET default_transaction_isolation = '{level}'",
             self.name
         )))
