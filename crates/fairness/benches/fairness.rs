@@ -205,6 +205,7 @@ async fn run(
         .workers(registry)
         .middleware(Arc::new(FairnessMiddleware::new(
             pool.clone(),
+            "analysis",
             &queues,
             config.clone(),
             tier_cache.clone(),

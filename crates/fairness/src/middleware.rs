@@ -3,13 +3,16 @@
 //! user's other running jobs already fill the limit, the job is snoozed 30 s + jitter (never
 //! consuming an attempt, never discarded).
 //!
-//! The count is fleet-wide and needs no lock to be safe: a job starts only if, when it checks,
-//! fewer than `limit` *other* jobs of its user are running. Each check is one statement that sees
+//! The count is fleet-wide: a job starts only if, when it checks, fewer than `limit` *other* jobs
+//! of its user are running. Each check is one statement that sees
 //! every fetch committed before it, and each job checks after its own fetch committed; so of two
 //! jobs racing for the last slot at least one sees the other and waits. (Both may wait; the jitter
 //! then separates them.) Jobs of one user taken by the same fetch commit together and cannot
 //! race: they are ranked by id, and a job does not count those after it (`store::other_running`),
-//! so with free slots the first of them run instead of all of them snoozing each other.
+//! so with free slots the first of them run instead of all of them snoozing each other. Among
+//! middleware checks alone that needs no lock; but a replica with the gate may be admitting a
+//! job of the same user while this one counts (a fleet part-way through switching the gate on or
+//! off), so the count is taken under the user's lock, the one the gate holds while it admits.
 //!
 //! [`FairnessGate`]: crate::FairnessGate
 
@@ -34,6 +37,7 @@ const CHECK_FAILED_SNOOZE: Duration = Duration::from_secs(1);
 #[derive(Debug)]
 pub struct FairnessMiddleware {
     pool: PgPool,
+    service: String,
     queues: Vec<String>,
     config: FairnessConfig,
     tiers: Arc<TierCache>,
@@ -41,14 +45,18 @@ pub struct FairnessMiddleware {
 }
 
 impl FairnessMiddleware {
+    /// The middleware of `service`'s `queues` (the service names the users' locks, as for the
+    /// [`crate::FairnessGate`]).
     pub fn new(
         pool: PgPool,
+        service: impl Into<String>,
         queues: &[QueueName],
         config: FairnessConfig,
         tiers: Arc<TierCache>,
     ) -> Self {
         FairnessMiddleware {
             pool,
+            service: service.into(),
             queues: queues.iter().map(ToString::to_string).collect(),
             config,
             tiers,
@@ -62,15 +70,19 @@ impl FairnessMiddleware {
         ctx: &JobContext,
         user: uuid::Uuid,
     ) -> Result<(Tier, bool), crate::FairnessError> {
-        let mut conn = self.pool.acquire().await?;
+        let mut tx = self.pool.begin().await?;
         let tier = self
             .tiers
-            .tiers(&mut conn, [user])
+            .tiers(&mut tx, [user])
             .await?
             .get(&user)
             .copied()
             .unwrap_or(Tier::Free);
-        let others = store::other_running(&mut conn, &self.queues, user, ctx.id()).await?;
+        // A gated fetch of another replica may be admitting this user's job right now, under the
+        // user's lock; counted before it commits, that job would be missed.
+        store::lock_user(&mut tx, &self.service, user).await?;
+        let others = store::other_running(&mut tx, &self.queues, user, ctx.id()).await?;
+        tx.commit().await?;
         Ok((tier, decision::over_limit(others, self.config.limit(tier))))
     }
 }

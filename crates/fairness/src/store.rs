@@ -205,6 +205,24 @@ pub async fn counts_and_tiers(
         .collect())
 }
 
+/// Takes `user`'s fairness lock of `service` for the rest of the transaction, waiting for it: the
+/// advisory lock [`lock_candidates`] tries for each user it admits.
+pub async fn lock_user(
+    conn: &mut PgConnection,
+    service: &str,
+    user: Uuid,
+) -> Result<(), FairnessError> {
+    sqlx::query(
+        "SELECT pg_advisory_xact_lock( \
+           hashtextextended('fairlane-fairness:' || $1 || ':' || $2::text, 0))",
+    )
+    .bind(service)
+    .bind(user)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
 /// Running jobs of `user` in `queues` that `job` must leave room for: all of them but `job`
 /// itself and the jobs fetched in the same fetch as `job` (same `attempted_at`, same fetching
 /// worker) with a higher id.

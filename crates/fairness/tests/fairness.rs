@@ -149,6 +149,7 @@ impl Harness {
             .workers(registry)
             .middleware(Arc::new(FairnessMiddleware::new(
                 self.db.pool.clone(),
+                "analysis",
                 &queues,
                 fairness.clone(),
                 tiers,
@@ -455,6 +456,85 @@ async fn without_the_gate_jobs_fetched_together_run_up_to_the_limit() {
             assert_eq!(*n, 0, "job {id} snoozed although its user had a free slot");
         }
     }
+}
+
+/// A fleet part-way through switching the gate on or off: a replica with the gate admits a job
+/// of a Free user (its fetch not yet committed) while a replica without it fetched the user's
+/// other job. That job's check waits for the user's lock, which the gated fetch holds, and then
+/// counts the admitted job and snoozes, instead of counting before the admission committed and
+/// running beside it.
+#[tokio::test]
+async fn without_the_gate_a_check_waits_for_a_gated_fetch_admitting_the_same_user() {
+    let h = Harness::new().await;
+    let free = h.user(Tier::Free).await;
+    let gated = h.enqueue(Lane::Default, Some(free), 100, 1).await[0];
+    let ungated = h.enqueue(Lane::Priority, Some(free), 100, 1).await[0];
+    let queues: Vec<String> = Service::Analysis
+        .queues()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let limits = fairness::store::TierLimits::from_config(&FairnessConfig::default());
+
+    // The gated replica's fetch, admitting the Free user's job, not committed yet.
+    let mut fetch = queue::begin_fetch(&h.db.pool).await.unwrap();
+    let admitted = fairness::store::lock_candidates(
+        &mut fetch,
+        Service::Analysis.as_str(),
+        Harness::queue(Lane::Default).as_str(),
+        &queues,
+        &limits,
+        1,
+    )
+    .await
+    .unwrap();
+    assert_eq!(admitted.len(), 1);
+    assert_eq!(admitted[0].job_id, gated);
+    sqlx::query(
+        "UPDATE fairlane_job SET state = 'running', attempt = 1, attempted_at = now(), \
+         attempted_by = ARRAY['gated-replica'] WHERE id = $1",
+    )
+    .bind(gated)
+    .execute(&mut *fetch)
+    .await
+    .unwrap();
+
+    let (shutdown, handle) = h.start(
+        2,
+        FairnessConfig {
+            fairness_fetch_gate: false,
+            fairness_snooze_duration: Duration::from_secs(30),
+            ..fast_fairness()
+        },
+    );
+    // The ungated replica fetches the other job at once; its check must not run it meanwhile.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    fetch.commit().await.unwrap();
+    let snoozed = async {
+        loop {
+            let (state, snoozes): (String, Option<i64>) = sqlx::query_as(
+                "SELECT state::text, (metadata->>'snoozes')::int8 FROM fairlane_job WHERE id = $1",
+            )
+            .bind(ungated)
+            .fetch_one(&h.db.pool)
+            .await
+            .unwrap();
+            if state != "available" && state != "running" {
+                return (state, snoozes);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let (state, snoozes) = tokio::time::timeout(Duration::from_secs(10), snoozed)
+        .await
+        .expect("the ungated job was never decided");
+    stop(shutdown, handle).await;
+    assert_eq!(
+        (state.as_str(), snoozes),
+        ("scheduled", Some(1)),
+        "the ungated job ran beside the admitted one"
+    );
+    assert!(h.runs_of(free).is_empty(), "{} runs", h.runs_of(free).len());
 }
 
 #[tokio::test]

@@ -142,6 +142,7 @@ async fn run_engine(
         .middleware(Arc::new(tracing_mw::TraceMiddleware))
         .middleware(Arc::new(FairnessMiddleware::new(
             pool,
+            spec.service.as_str(),
             &queues,
             config.fairness.clone(),
             tiers.clone(),
