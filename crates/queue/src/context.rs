@@ -15,6 +15,10 @@ pub enum CancelReason {
     Requested,
     /// The worker is shutting down and the job outlived the drain deadline.
     Shutdown,
+    /// The run is no longer this worker's: its row left it while it ran (rescued while this
+    /// worker's heartbeat could not reach the database, most likely), and another worker may run
+    /// the job now. Whatever the handler does next is not saved.
+    Taken,
 }
 
 /// The stop signal of one running job, shared by the executor, the notifier and the shutdown path.

@@ -14,7 +14,7 @@ use crate::hooks::{Transition, run_hooks, wakes_after_commit};
 use crate::job::JobId;
 use crate::leader::duration_millis;
 use crate::maintenance::{decide_used_attempt, end_used_attempt, move_one_by_one};
-use crate::runtime::Runtime;
+use crate::runtime::{RunStart, Runtime};
 
 pub(crate) async fn register(
     pool: &PgPool,
@@ -100,6 +100,44 @@ async fn repair(rt: &Runtime) -> Result<(), QueueError> {
     .await?;
     for (id,) in cancel_requested {
         rt.inflight.cancel(id, CancelReason::Requested);
+    }
+    stop_taken_runs(rt).await
+}
+
+/// Stops the runs of this process whose row is no longer running as that run of this worker:
+/// rescued while this worker's heartbeat could not reach the database (the worker looked dead),
+/// and maybe running elsewhere now. Their ends would be refused anyway; stopping them ends the
+/// double run, and frees the user's slot this worker still used, at the first repair after the
+/// database is back. A run whose end is committed and not yet forgotten here is told too, which
+/// changes nothing.
+async fn stop_taken_runs(rt: &Runtime) -> Result<(), QueueError> {
+    let runs = rt.inflight.runs();
+    if runs.is_empty() {
+        return Ok(());
+    }
+    let (ids, starts): (Vec<JobId>, Vec<RunStart>) = runs.into_iter().unzip();
+    let taken: Vec<(JobId, RunStart)> = sqlx::query_as(
+        "SELECT r.id, r.started FROM unnest($1::bigint[], $2::timestamptz[]) AS r(id, started) \
+         WHERE NOT EXISTS ( \
+           SELECT 1 FROM fairlane_job j \
+           WHERE j.id = r.id AND j.state = 'running' \
+             AND j.attempted_at IS NOT DISTINCT FROM r.started \
+             AND cardinality(j.attempted_by) > 0 \
+             AND j.attempted_by[cardinality(j.attempted_by)] = $3)",
+    )
+    .bind(&ids)
+    .bind(&starts)
+    .bind(&*rt.worker_id)
+    .fetch_all(&rt.pool)
+    .await?;
+    for (id, started) in taken {
+        if rt.inflight.cancel_run(id, started, CancelReason::Taken) {
+            tracing::warn!(
+                job_id = id,
+                "this worker's run of the job was taken from it (rescued while its heartbeat \
+                 could not reach the database); stopping it"
+            );
+        }
     }
     Ok(())
 }

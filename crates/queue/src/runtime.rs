@@ -102,6 +102,27 @@ impl Inflight {
         self.lock().len()
     }
 
+    /// The runs this process holds (not the unsaved ones), with when each was fetched.
+    pub(crate) fn runs(&self) -> Vec<(JobId, RunStart)> {
+        self.lock()
+            .iter()
+            .map(|(id, (started, _))| (*id, *started))
+            .collect()
+    }
+
+    /// Tells run `(id, started)` to stop, if this process still holds that run of the job.
+    pub(crate) fn cancel_run(&self, id: JobId, started: RunStart, reason: CancelReason) -> bool {
+        let control = self
+            .lock()
+            .get(&id)
+            .filter(|(held, _)| *held == started)
+            .map(|(_, control)| Arc::clone(control));
+        control.is_some_and(|c| {
+            c.cancel(reason);
+            true
+        })
+    }
+
     /// Tells one running job to stop; false if this process does not hold it.
     pub(crate) fn cancel(&self, id: JobId, reason: CancelReason) -> bool {
         let control = self.lock().get(&id).map(|(_, control)| Arc::clone(control));

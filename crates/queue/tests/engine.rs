@@ -1136,6 +1136,73 @@ async fn a_lock_on_the_job_table_does_not_stop_the_heartbeat() {
     );
 }
 
+/// A worker whose heartbeat could not reach the database long enough looks dead, and its runs
+/// are rescued while it still runs them. Once it reaches the database again, it stops those runs
+/// (reason `Taken`) instead of running on beside whoever runs the job now. (A trigger keeps this
+/// worker's heartbeat stale, as if it could not write it.)
+#[tokio::test]
+async fn a_run_rescued_from_a_live_worker_is_stopped_there() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let (told, mut reason) = tokio::sync::mpsc::unbounded_channel();
+    let mut workers = Workers::new();
+    workers.register_fn::<Noop, _, _>(move |ctx, _| {
+        let told = told.clone();
+        async move {
+            ctx.cancelled().await;
+            let _ = told.send(ctx.cancel_reason());
+            Err(JobError::msg("stopped"))
+        }
+    });
+    let config = queue::EngineConfig {
+        maintenance: false,
+        ..fast_config()
+    };
+    let engine = start(&client, config.clone(), &[("q", 1)], workers);
+    let job = client
+        .insert(NewJob::new(q("q"), &Noop {}).unwrap().max_attempts(1))
+        .await
+        .unwrap()
+        .job;
+    eventually(Duration::from_secs(10), "the job running", || async {
+        (state_of(&db.pool, job.id).await == "running").then_some(())
+    })
+    .await;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE FUNCTION stale_heartbeat() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF NEW.id = '{}' THEN NEW.heartbeat_at := now() - interval '1 hour'; END IF; \
+         RETURN NEW; END $$",
+        engine.worker_id
+    )))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "CREATE TRIGGER stale_heartbeat BEFORE INSERT OR UPDATE ON fairlane_worker \
+         FOR EACH ROW EXECUTE FUNCTION stale_heartbeat()",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    // The run must be as old as the rescue window before it is rescued.
+    tokio::time::sleep(config.rescue_after + config.heartbeat_interval).await;
+    let waker = queue::wake::Waker::new(db.pool.clone());
+    let rescued =
+        queue::maintenance::rescue_dead_workers(&db.pool, &[], &waker, config.rescue_after)
+            .await
+            .unwrap();
+    assert_eq!(rescued.len(), 1, "{rescued:?}");
+    assert_eq!(state_of(&db.pool, job.id).await, "discarded");
+
+    let told = tokio::time::timeout(Duration::from_secs(5), reason.recv())
+        .await
+        .expect("the rescued run went on");
+    assert_eq!(told, Some(Some(queue::CancelReason::Taken)));
+    engine.stop().await;
+    // Its end is not saved over the rescue's.
+    assert_eq!(state_of(&db.pool, job.id).await, "discarded");
+}
+
 #[tokio::test]
 async fn cleaner_deletes_final_jobs_past_retention_only() {
     let db = TestDb::new().await;
