@@ -256,6 +256,7 @@ impl Backend for RedisBackend {
                     || err.is_connection_dropped()
                     || err.is_unrecoverable_error()
                     || err.is_timeout()
+                    || wrong_server(&err)
                 {
                     drop_connection(&self.slot, generation);
                 }
@@ -280,4 +281,17 @@ impl Backend for RedisBackend {
     fn name(&self) -> &'static str {
         "redis"
     }
+}
+
+/// Whether `err` says the connection reaches a server that can no longer take the limiter's
+/// writes: demoted to a replica (`READONLY`), or a replica cut off from its primary
+/// (`MASTERDOWN`). A failover that does not close its clients' connections leaves them on the
+/// old primary while `REDIS_URL` names the new one; only a new connection reaches it.
+fn wrong_server(err: &redis::RedisError) -> bool {
+    matches!(
+        err.kind(),
+        redis::ErrorKind::Server(
+            redis::ServerErrorKind::ReadOnly | redis::ServerErrorKind::MasterDown
+        )
+    )
 }
