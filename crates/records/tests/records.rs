@@ -42,8 +42,9 @@ async fn running_job(pool: &PgPool, kind: &str, max_attempts: i16) -> i64 {
     let mut conn = pool.acquire().await.unwrap();
     let id = queue::insert::insert(&mut conn, job).await.unwrap().job.id;
     sqlx::query(
-        "UPDATE fairlane_job SET state = 'running', attempt = 1, attempted_at = now(), \
-         attempted_by = ARRAY['gone-worker'] WHERE id = $1",
+        "UPDATE fairlane_job SET state = 'running', attempt = 1, \
+         attempted_at = now() - interval '1 minute', attempted_by = ARRAY['gone-worker'] \
+         WHERE id = $1",
     )
     .bind(id)
     .execute(pool)
