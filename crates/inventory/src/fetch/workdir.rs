@@ -79,17 +79,33 @@ impl WorkDir {
 }
 
 impl Drop for WorkDir {
+    /// Removes the folder before returning. Dropped on a worker thread of a multi-threaded Tokio
+    /// runtime (a fetch that failed or was cancelled), the removal (a large checkout, and up to
+    /// 300 ms of retries) runs in `block_in_place`, so the thread's other tasks move elsewhere
+    /// meanwhile instead of waiting behind it.
     fn drop(&mut self) {
-        // A killed git may still be exiting; retry a few times before giving up.
-        for attempt in 0..5 {
-            match fs::remove_dir_all(&self.path) {
-                Ok(()) => return,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => return,
-                Err(e) if attempt == 4 => {
-                    tracing::warn!(path = %self.path.display(), error = %e, "could not remove checkout folder");
-                }
-                Err(_) => std::thread::sleep(std::time::Duration::from_millis(20 << attempt)),
+        let on_async_worker = tokio::runtime::Handle::try_current().is_ok_and(|runtime| {
+            runtime.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
+        });
+        if on_async_worker {
+            tokio::task::block_in_place(|| remove_folder(&self.path));
+        } else {
+            remove_folder(&self.path);
+        }
+    }
+}
+
+/// Removes `path` and everything in it; a killed git may still be exiting, so it retries a few
+/// times before giving up (with a warning: the next start's sweep removes what is left).
+fn remove_folder(path: &Path) {
+    for attempt in 0..5 {
+        match fs::remove_dir_all(path) {
+            Ok(()) => return,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return,
+            Err(e) if attempt == 4 => {
+                tracing::warn!(path = %path.display(), error = %e, "could not remove checkout folder");
             }
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(20 << attempt)),
         }
     }
 }
@@ -173,6 +189,37 @@ mod tests {
         assert_eq!(parse_folder_name("fairlane-inv-0-34-x"), None);
         assert_eq!(parse_folder_name("other-12-34-x"), None);
         assert_ne!(folder_name(), folder_name());
+    }
+
+    /// Dropped on the only worker thread of a multi-threaded runtime, a checkout is removed
+    /// with that thread's other tasks moved elsewhere: a task waiting on the same thread runs
+    /// while the removal goes on, not after it, and the folder is gone when the drop returns.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+    async fn a_drop_on_an_async_worker_does_not_hold_up_its_other_tasks() {
+        let root = std::env::temp_dir().join(format!("fairlane-workdir-test-{}", folder_name()));
+        let dir = WorkDir::create(&root).unwrap();
+        let path = dir.path().to_path_buf();
+        for n in 0..3_000 {
+            fs::write(path.join(format!("f{n}")), b"x").unwrap();
+        }
+        let (removed_at, other_ran_at) = tokio::spawn(async move {
+            // Queued on this worker thread, behind the task that is about to drop the folder.
+            let other = tokio::spawn(async { std::time::Instant::now() });
+            drop(dir);
+            let removed_at = std::time::Instant::now();
+            (removed_at, other.await.unwrap())
+        })
+        .await
+        .unwrap();
+        assert!(
+            !path.exists(),
+            "the folder is removed when the drop returns"
+        );
+        assert!(
+            other_ran_at < removed_at,
+            "the other task waited for the removal to finish"
+        );
+        fs::remove_dir_all(root).unwrap();
     }
 
     #[test]
