@@ -33,9 +33,12 @@ pub fn temp_dir(test: &str) -> std::path::PathBuf {
     dir
 }
 
-/// A `redis-server` started by the test on a free port, killed on drop.
+/// A `redis-server` started by the test on a free port, killed on drop. Its working folder is
+/// a temporary one of its own: it keeps nothing on disk, but a replication (`REPLICAOF`) still
+/// writes a `dump.rdb` there.
 pub struct PrivateRedis {
     pub port: u16,
+    dir: std::path::PathBuf,
     child: Option<Child>,
 }
 
@@ -47,7 +50,12 @@ impl PrivateRedis {
             .local_addr()
             .expect("addr")
             .port();
-        let mut redis = PrivateRedis { port, child: None };
+        let dir = temp_dir("redis-server");
+        let mut redis = PrivateRedis {
+            port,
+            dir,
+            child: None,
+        };
         redis.restart();
         redis
     }
@@ -75,6 +83,7 @@ impl PrivateRedis {
                 "--appendonly",
                 "no",
             ])
+            .current_dir(&self.dir)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -109,6 +118,7 @@ impl PrivateRedis {
 impl Drop for PrivateRedis {
     fn drop(&mut self) {
         self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
