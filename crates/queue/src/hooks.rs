@@ -72,7 +72,7 @@ macro_rules! ordered_scan_settings {
 ///   the lane's whole backlog through a bitmap and sorts it, on every fetch, and the fairness
 ///   gate tries its per-user advisory lock on every row it reads.
 const FETCH_BEGIN_SQL: &str = concat!(
-    "BEGIN; SET LOCAL synchronous_commit = off; ",
+    "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = off; ",
     ordered_scan_settings!()
 );
 
