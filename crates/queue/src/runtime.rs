@@ -41,8 +41,21 @@ impl Inflight {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Holds run `(id, started)`. An earlier run of the same job still held here was taken from
+    /// this worker (the job was rescued, and is fetched here again): it is told to stop, as
+    /// `stop_taken_runs` would, since it could not be reached once replaced.
     pub(crate) fn insert(&self, id: JobId, started: RunStart, control: Arc<JobControl>) {
-        self.lock().insert(id, (started, control));
+        let replaced = self.lock().insert(id, (started, control));
+        if let Some((earlier, control)) = replaced
+            && earlier != started
+        {
+            control.cancel(CancelReason::Taken);
+            tracing::warn!(
+                job_id = id,
+                "this worker's earlier run of the job was taken from it (the job was rescued and \
+                 fetched here again); stopping it"
+            );
+        }
     }
 
     /// Removes a batch of runs under one lock. A job held by a later run of this process (it was
