@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::QueueName;
+use sqlx::postgres::PgPoolOptions;
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -212,6 +213,9 @@ impl Engine {
         );
 
         let background = CancellationToken::new();
+        // The election and maintenance stop at once when a background task panics (their lease
+        // is then another replica's), the rest only after the drain.
+        let maintaining = background.child_token();
         let mut tasks = tokio::task::JoinSet::new();
         let leader = if config.maintenance {
             let (elector, handle) = LeaderElector::new(
@@ -221,17 +225,24 @@ impl Engine {
                 config.leader_ttl,
                 &mut notifier,
             );
-            tasks.spawn(elector.run(background.clone()));
+            tasks.spawn(elector.run(maintaining.clone()));
             Some(handle)
         } else {
             None
         };
         tasks.spawn(notifier.run(pool.clone(), background.clone()));
-        tasks.spawn(heartbeat::run(
+        // The heartbeat's own connection: see `heartbeat::run_heartbeats`.
+        let heartbeat_pool = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(rt.config.heartbeat_interval.max(Duration::from_secs(5)))
+            .connect_lazy_with((*pool.connect_options()).clone());
+        tasks.spawn(heartbeat::run_heartbeats(
             Arc::clone(&rt),
+            heartbeat_pool,
             queue_names.clone(),
             background.clone(),
         ));
+        tasks.spawn(heartbeat::run_repairs(Arc::clone(&rt), background.clone()));
         if let Some(handle) = leader {
             let ctx = Arc::new(maintenance::MaintenanceContext {
                 pool: pool.clone(),
@@ -240,7 +251,7 @@ impl Engine {
                 db_health: Arc::clone(&rt.db_health),
                 waker: Arc::clone(b.client.waker()),
             });
-            tasks.spawn(maintenance::run(ctx, handle, background.clone()));
+            tasks.spawn(maintenance::run(ctx, handle, maintaining.clone()));
         }
         let abandon = CancellationToken::new();
         let completer = tokio::spawn(
@@ -292,6 +303,7 @@ impl Engine {
                     running = inflight.len(),
                     "a background task panicked; shutting the engine down"
                 );
+                maintaining.cancel();
             }
         }
         stop.cancel();
@@ -444,7 +456,7 @@ mod tests {
     #[tokio::test]
     async fn a_lane_larger_than_a_semaphore_is_refused_before_anything_runs() {
         // Connected lazily: `build` must refuse without touching the database.
-        let pool = sqlx::postgres::PgPoolOptions::new()
+        let pool = PgPoolOptions::new()
             .connect_lazy("postgres://postgres@127.0.0.1:1/never")
             .expect("a valid URL");
         let queue = |n| {

@@ -1,7 +1,8 @@
-//! This process's proof of life (`fairlane_worker.heartbeat_at`) and three repairs that piggyback
-//! on it: handing back `running` jobs attributed to this process that it never received (a fetch
-//! whose reply was lost with its connection), handing back runs whose end the database refused,
-//! and catching cancel requests whose NOTIFY was missed.
+//! This process's proof of life (`fairlane_worker.heartbeat_at`), and the repairs that run at the
+//! same interval in a task of their own: handing back `running` jobs attributed to this process
+//! that it never received (a fetch whose reply was lost with its connection), handing back runs
+//! whose end the database refused, catching cancel requests whose NOTIFY was missed, and stopping
+//! runs whose rows were taken from this worker.
 
 use std::sync::Arc;
 
@@ -45,26 +46,38 @@ pub(crate) async fn deregister(pool: &PgPool, worker_id: &str) -> Result<(), Que
     Ok(())
 }
 
-/// Heartbeats, and repairs this worker's runs, every `heartbeat_interval` until `shutdown`.
+/// Heartbeats every `heartbeat_interval` until `shutdown`, on `pool`: a connection of its own.
 ///
-/// The two go in loops of their own. The repairs update job rows, and wait for their locks: a
-/// lock on the job table (an index built, a `VACUUM FULL`) held longer than `rescue_after` would
-/// otherwise hold the heartbeat back with them, and the rescuer would take this live worker's
-/// runs once the lock went.
-pub(crate) async fn run(rt: Arc<Runtime>, queues: Vec<String>, shutdown: CancellationToken) {
-    let heartbeats = every_interval(&rt, &shutdown, || async {
-        let result = register(&rt.pool, &rt.worker_id, &queues).await;
+/// The heartbeat is apart from the repairs ([`run_repairs`]), in a task and on a connection of its
+/// own. The repairs update job rows and wait for their locks, and so does nearly everything else
+/// that holds the engine's connections (fetches, completions, maintenance): a lock on the job
+/// table (an index built, a `VACUUM FULL`) held longer than `rescue_after` would otherwise hold
+/// the heartbeat back too, and the rescuer would take this live worker's runs once the lock went.
+/// And a hook that panics in a repair ends the repairs' task, not the heartbeat.
+pub(crate) async fn run_heartbeats(
+    rt: Arc<Runtime>,
+    pool: PgPool,
+    queues: Vec<String>,
+    shutdown: CancellationToken,
+) {
+    every_interval(&rt, &shutdown, || async {
+        let result = register(&pool, &rt.worker_id, &queues).await;
         rt.db_health.record(result.is_ok());
         if let Err(e) = result {
             tracing::warn!(error = %e, "heartbeat failed");
         }
-    });
-    let repairs = every_interval(&rt, &shutdown, || async {
+    })
+    .await;
+}
+
+/// Repairs this worker's runs every `heartbeat_interval` until `shutdown`.
+pub(crate) async fn run_repairs(rt: Arc<Runtime>, shutdown: CancellationToken) {
+    every_interval(&rt, &shutdown, || async {
         if let Err(e) = repair(&rt).await {
             tracing::warn!(error = %e, "repairing this worker's runs failed");
         }
-    });
-    tokio::join!(heartbeats, repairs);
+    })
+    .await;
 }
 
 /// Runs `step` every `heartbeat_interval` (a late step delays the next) until `shutdown`; a step
@@ -194,7 +207,7 @@ const HAND_BACK_UNSAVED_SQL: &str = concat!(
 /// All of them go in one transaction. If the database refuses it for a reason other than a lost
 /// connection or conflict (a hook that fails on one job), each goes in a transaction of its own,
 /// so one job the hooks refuse does not hold the others back; it stays `running` and is tried
-/// again at the next heartbeat.
+/// again at the next repair.
 async fn hand_back_orphans(rt: &Runtime) -> Result<(), QueueError> {
     let handed_back = match hand_back_orphans_among(rt, None).await {
         Ok(handed_back) => handed_back,
@@ -252,7 +265,7 @@ async fn hand_back_orphans_among(
 
 /// Hands back the runs whose end the database refused ([`Inflight::mark_unsaved`]), each in a
 /// transaction of its own. A run the database still refuses stays `running` and unsaved, and is
-/// tried again at the next heartbeat; one no longer running as that run (rescued or cancelled
+/// tried again at the next repair; one no longer running as that run (rescued or cancelled
 /// meanwhile) is forgotten.
 ///
 /// [`Inflight::mark_unsaved`]: crate::runtime::Inflight::mark_unsaved
@@ -281,7 +294,7 @@ async fn hand_back_unsaved(rt: &Runtime) -> Result<(), QueueError> {
             }
             Err(e) if e.is_transient() => return Err(e),
             Err(e) => tracing::error!(job_id = id, error = %e,
-                "the database refuses to hand back this job whose end could not be saved; it stays running and is tried again at the next heartbeat"),
+                "the database refuses to hand back this job whose end could not be saved; it stays running and is tried again at the next repair"),
         }
     }
     Ok(())

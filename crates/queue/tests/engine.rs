@@ -840,18 +840,49 @@ impl queue::TransitionHook for PanicsOnJob {
     }
 }
 
+/// A worker that runs `Noop` jobs for `ms` milliseconds, ignoring cancellation.
+fn slow_noops(ms: u64) -> Workers {
+    let mut workers = Workers::new();
+    workers.register_fn::<Noop, _, _>(move |_, _| async move {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        Ok(())
+    });
+    workers
+}
+
+/// The number of maintenance leases held.
+async fn leases(pool: &sqlx::PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM fairlane_leader")
+        .fetch_one(pool)
+        .await
+        .expect("count the leases")
+}
+
 /// A hook that panics while the leader rescues a dead worker's job ends the maintenance task.
 /// The engine then stops and says so, like when its completer stopped, rather than running on
 /// with a lease that keeps every other replica from maintaining, and nothing promoted, rescued
-/// or cleaned.
+/// or cleaned. The lease is let go at once, not after the drain of its running jobs.
 #[tokio::test]
 async fn an_engine_whose_maintenance_panicked_stops_and_says_so() {
     let db = TestDb::new().await;
     let plain = Client::new(db.pool.clone());
     let poisoned = insert_noops(&plain, "elsewhere", 1).await[0];
     mark_running(&db.pool, &[poisoned], "dead-worker", 60_000).await;
+    insert_noops(&plain, "q", 1).await;
     let client = Client::new(db.pool.clone()).with_hooks(vec![Arc::new(PanicsOnJob(poisoned))]);
-    let engine = start(&client, fast_config(), &[("q", 1)], Workers::new());
+    let engine = start(&client, fast_config(), &[("q", 1)], slow_noops(5_000));
+    eventually(Duration::from_secs(10), "elected", || async {
+        (leases(&db.pool).await == 1).then_some(())
+    })
+    .await;
+    eventually(Duration::from_secs(10), "the lease let go", || async {
+        (leases(&db.pool).await == 0).then_some(())
+    })
+    .await;
+    assert!(
+        !engine.handle.is_finished(),
+        "the lease was kept until the drain ended"
+    );
     let ended = tokio::time::timeout(Duration::from_secs(30), engine.handle)
         .await
         .expect("the engine stops on its own")
@@ -860,13 +891,55 @@ async fn an_engine_whose_maintenance_panicked_stops_and_says_so() {
         matches!(ended, Err(queue::QueueError::BackgroundTaskPanicked)),
         "{ended:?}"
     );
-    // It let its lease go on the way out, for another replica to take.
-    let leases: i64 = sqlx::query_scalar("SELECT count(*) FROM fairlane_leader")
-        .fetch_one(&db.pool)
+    assert_eq!(state_of(&db.pool, poisoned).await, "running");
+}
+
+/// A hook that panics in a repair (here the hand-back of a job this worker never received) ends
+/// the repairs' task and stops the engine, but not the heartbeat: while the engine drains its
+/// running job, the worker stays alive in its row, so no rescuer runs that job a second time.
+#[tokio::test]
+async fn a_repair_that_panicked_stops_the_engine_but_not_its_heartbeat() {
+    let db = TestDb::new().await;
+    let plain = Client::new(db.pool.clone());
+    let poisoned = insert_noops(&plain, "elsewhere", 1).await[0];
+    insert_noops(&plain, "q", 1).await;
+    let client = Client::new(db.pool.clone()).with_hooks(vec![Arc::new(PanicsOnJob(poisoned))]);
+    let config = queue::EngineConfig {
+        maintenance: false,
+        ..fast_config()
+    };
+    let engine = start(&client, config.clone(), &[("q", 1)], slow_noops(5_000));
+    // A job this worker never received: the first repair hands it back, and the hook panics.
+    mark_running(&db.pool, &[poisoned], &engine.worker_id, 1_000).await;
+    let mut oldest_heartbeat = Duration::ZERO;
+    let mut ended = None;
+    let mut handle = engine.handle;
+    for _ in 0..300 {
+        if let Ok(result) = tokio::time::timeout(Duration::from_millis(100), &mut handle).await {
+            ended = Some(result.expect("engine task panicked"));
+            break;
+        }
+        let age: Option<f64> = sqlx::query_scalar(
+            "SELECT extract(epoch FROM now() - heartbeat_at)::float8 FROM fairlane_worker \
+             WHERE id = $1",
+        )
+        .bind(&engine.worker_id)
+        .fetch_optional(&db.pool)
         .await
         .unwrap();
-    assert_eq!(leases, 0, "the maintenance lease was kept");
-    assert_eq!(state_of(&db.pool, poisoned).await, "running");
+        if let Some(age) = age {
+            oldest_heartbeat = oldest_heartbeat.max(Duration::from_secs_f64(age.max(0.0)));
+        }
+    }
+    let ended = ended.expect("the engine stops on its own");
+    assert!(
+        matches!(ended, Err(queue::QueueError::BackgroundTaskPanicked)),
+        "{ended:?}"
+    );
+    assert!(
+        oldest_heartbeat < config.rescue_after,
+        "the heartbeat went {oldest_heartbeat:?} stale while the engine drained"
+    );
 }
 
 #[tokio::test]
@@ -1009,22 +1082,7 @@ async fn a_job_fetched_by_a_worker_not_yet_registered_again_is_not_rescued() {
         ..fast_config()
     };
     let engine = start(&client, config.clone(), &[("q", 1)], workers);
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE FUNCTION stale_heartbeat() RETURNS trigger LANGUAGE plpgsql AS $$ \
-         BEGIN IF NEW.id = '{}' THEN NEW.heartbeat_at := now() - interval '1 hour'; END IF; \
-         RETURN NEW; END $$",
-        engine.worker_id
-    )))
-    .execute(&db.pool)
-    .await
-    .unwrap();
-    sqlx::query(
-        "CREATE TRIGGER stale_heartbeat BEFORE INSERT OR UPDATE ON fairlane_worker \
-         FOR EACH ROW EXECUTE FUNCTION stale_heartbeat()",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    keep_heartbeat_stale(&db.pool, &engine.worker_id).await;
     // What the leader's rescue of a worker it took for dead does to its row.
     sqlx::query("DELETE FROM fairlane_worker WHERE id = $1")
         .bind(&engine.worker_id)
@@ -1168,22 +1226,7 @@ async fn a_run_rescued_from_a_live_worker_is_stopped_there() {
         (state_of(&db.pool, job.id).await == "running").then_some(())
     })
     .await;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE FUNCTION stale_heartbeat() RETURNS trigger LANGUAGE plpgsql AS $$ \
-         BEGIN IF NEW.id = '{}' THEN NEW.heartbeat_at := now() - interval '1 hour'; END IF; \
-         RETURN NEW; END $$",
-        engine.worker_id
-    )))
-    .execute(&db.pool)
-    .await
-    .unwrap();
-    sqlx::query(
-        "CREATE TRIGGER stale_heartbeat BEFORE INSERT OR UPDATE ON fairlane_worker \
-         FOR EACH ROW EXECUTE FUNCTION stale_heartbeat()",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    keep_heartbeat_stale(&db.pool, &engine.worker_id).await;
     // The run must be as old as the rescue window before it is rescued.
     tokio::time::sleep(config.rescue_after + config.heartbeat_interval).await;
     let waker = queue::wake::Waker::new(db.pool.clone());
@@ -1201,6 +1244,68 @@ async fn a_run_rescued_from_a_live_worker_is_stopped_there() {
     engine.stop().await;
     // Its end is not saved over the rescue's.
     assert_eq!(state_of(&db.pool, job.id).await, "discarded");
+}
+
+/// As above, but the rescued job has attempts left, and this worker fetches it again at once:
+/// the new run replaces the old one in the worker's books, and the old one is stopped then
+/// (reason `Taken`), where the repairs could no longer reach it. The new run completes the job.
+#[tokio::test]
+async fn a_rescued_run_is_stopped_when_its_job_is_fetched_here_again() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let (told, mut reason) = tokio::sync::mpsc::unbounded_channel();
+    let mut workers = Workers::new();
+    workers.register_fn::<Noop, _, _>(move |ctx, _| {
+        let told = told.clone();
+        async move {
+            if ctx.job().attempt == 1 {
+                ctx.cancelled().await;
+                let _ = told.send(ctx.cancel_reason());
+                return Err(JobError::msg("stopped"));
+            }
+            Ok(())
+        }
+    });
+    let config = queue::EngineConfig {
+        maintenance: false,
+        ..fast_config()
+    };
+    let engine = start(&client, config.clone(), &[("q", 2)], workers);
+    let job = client
+        .insert(NewJob::new(q("q"), &Noop {}).unwrap().max_attempts(2))
+        .await
+        .unwrap()
+        .job;
+    eventually(Duration::from_secs(10), "the job running", || async {
+        (state_of(&db.pool, job.id).await == "running").then_some(())
+    })
+    .await;
+    keep_heartbeat_stale(&db.pool, &engine.worker_id).await;
+    tokio::time::sleep(config.rescue_after + config.heartbeat_interval).await;
+    let waker = queue::wake::Waker::new(db.pool.clone());
+    let rescued =
+        queue::maintenance::rescue_dead_workers(&db.pool, &[], &waker, config.rescue_after)
+            .await
+            .unwrap();
+    assert_eq!(rescued.len(), 1, "{rescued:?}");
+
+    let told = tokio::time::timeout(Duration::from_secs(5), reason.recv())
+        .await
+        .expect("the rescued run went on");
+    assert_eq!(told, Some(Some(queue::CancelReason::Taken)));
+    let done = eventually(Duration::from_secs(10), "the job completed", || async {
+        let j = client.job(job.id).await.unwrap().unwrap();
+        j.state.is_final().then_some(j)
+    })
+    .await;
+    engine.stop().await;
+    assert_eq!(
+        done.state,
+        JobState::Completed,
+        "{:?}",
+        done.attempt_errors()
+    );
+    assert_eq!(done.attempt, 2);
 }
 
 #[tokio::test]

@@ -128,7 +128,7 @@ fn connect_options(config: &WebConfig) -> anyhow::Result<PgConnectOptions> {
     Ok(queue::config::session_settings(options))
 }
 
-/// A pool for migrations: the server's defaults, no lock or statement timeout.
+/// A pool for migrations: the server's defaults but READ COMMITTED, no lock or statement timeout.
 pub fn migration_pool(config: &WebConfig) -> anyhow::Result<PgPool> {
     Ok(PgPoolOptions::new()
         .max_connections(1)

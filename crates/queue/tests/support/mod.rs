@@ -215,3 +215,24 @@ pub async fn insert_noops(client: &Client, queue: &str, n: usize) -> Vec<i64> {
         .map(|r| r.job.id)
         .collect()
 }
+
+/// Makes `worker`'s heartbeat look an hour old from now on, whatever it writes (a trigger on
+/// `fairlane_worker`): a live worker the rescuer takes for dead, as when its heartbeat cannot
+/// reach the database.
+pub async fn keep_heartbeat_stale(pool: &sqlx::PgPool, worker: &str) {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE FUNCTION stale_heartbeat() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF NEW.id = '{worker}' THEN NEW.heartbeat_at := now() - interval '1 hour'; \
+         END IF; RETURN NEW; END $$"
+    )))
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "CREATE TRIGGER stale_heartbeat BEFORE INSERT OR UPDATE ON fairlane_worker \
+         FOR EACH ROW EXECUTE FUNCTION stale_heartbeat()",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
