@@ -34,6 +34,9 @@ use crate::tiers::TierCache;
 /// every snooze it does not consume an attempt.
 const CHECK_FAILED_SNOOZE: Duration = Duration::from_secs(1);
 
+/// The check's `BEGIN`, with its isolation and its bound on waiting for the user's lock.
+const CHECK_BEGIN_SQL: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = '1s'";
+
 #[derive(Debug)]
 pub struct FairnessMiddleware {
     pool: PgPool,
@@ -70,7 +73,11 @@ impl FairnessMiddleware {
         ctx: &JobContext,
         user: uuid::Uuid,
     ) -> Result<(Tier, bool), crate::FairnessError> {
-        let mut tx = self.pool.begin().await?;
+        // READ COMMITTED and a bounded wait for the lock: a gated fetch holds it for
+        // milliseconds, but a replica frozen mid-fetch holds it until its session ends, and this
+        // check holds a connection and a worker slot while it waits. Past the bound the check
+        // fails, and the job snoozes briefly like after any failed check.
+        let mut tx = self.pool.begin_with(CHECK_BEGIN_SQL).await?;
         let tier = self
             .tiers
             .tiers(&mut tx, [user])

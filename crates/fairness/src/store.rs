@@ -62,6 +62,21 @@ macro_rules! full_users_ctes {
     };
 }
 
+/// The key of a user's fairness lock (an advisory lock, transaction-scoped): `$service` and
+/// `$user` are the SQL of the service's name and the user's id. One expression for the gate's
+/// try-lock and the middleware's lock, which must take the same lock.
+macro_rules! user_lock_key {
+    ($service:literal, $user:literal) => {
+        concat!(
+            "hashtextextended('fairlane-fairness:' || ",
+            $service,
+            " || ':' || ",
+            $user,
+            "::text, 0)"
+        )
+    };
+}
+
 /// Candidate selection for the gate, in one statement:
 ///
 /// - `full_users`: users whose running jobs in the service's queues already fill their tier's
@@ -88,8 +103,9 @@ SELECT j.id, j.user_id FROM fairlane_job j
 WHERE j.state = 'available' AND j.queue = $1
   AND (j.user_id IS NULL OR (
         j.user_id NOT IN (SELECT user_id FROM full_users)
-        AND pg_try_advisory_xact_lock(
-              hashtextextended('fairlane-fairness:' || $8 || ':' || j.user_id::text, 0))))
+        AND pg_try_advisory_xact_lock(",
+    user_lock_key!("$8", "j.user_id"),
+    ")))
 ORDER BY j.priority, j.scheduled_at, j.id
 LIMIT $7
 FOR UPDATE OF j SKIP LOCKED"
@@ -212,10 +228,11 @@ pub async fn lock_user(
     service: &str,
     user: Uuid,
 ) -> Result<(), FairnessError> {
-    sqlx::query(
-        "SELECT pg_advisory_xact_lock( \
-           hashtextextended('fairlane-fairness:' || $1 || ':' || $2::text, 0))",
-    )
+    sqlx::query(concat!(
+        "SELECT pg_advisory_xact_lock(",
+        user_lock_key!("$1", "$2"),
+        ")"
+    ))
     .bind(service)
     .bind(user)
     .execute(&mut *conn)
@@ -224,8 +241,8 @@ pub async fn lock_user(
 }
 
 /// Running jobs of `user` in `queues` that `job` must leave room for: all of them but `job`
-/// itself and the jobs fetched in the same fetch as `job` (same `attempted_at`, same fetching
-/// worker) with a higher id.
+/// itself and the jobs fetched in the same fetch as `job` (same queue, same `attempted_at`, same
+/// fetching worker) with a higher id.
 ///
 /// Jobs of one fetch commit together, so each sees all the others; if every one counted every
 /// other, a user's jobs fetched together with free slots would all snooze, and with no jitter come
@@ -240,7 +257,7 @@ pub async fn other_running(
 ) -> Result<u32, FairnessError> {
     let n: i64 = sqlx::query_scalar(
         "WITH mine AS ( \
-           SELECT attempted_at, attempted_by[cardinality(attempted_by)] AS worker \
+           SELECT queue, attempted_at, attempted_by[cardinality(attempted_by)] AS worker \
            FROM fairlane_job WHERE id = $3 \
          ) \
          SELECT count(*) FROM fairlane_job o \
@@ -248,7 +265,7 @@ pub async fn other_running(
            AND o.queue = ANY($1) AND o.id <> $3 \
            AND NOT EXISTS ( \
              SELECT 1 FROM mine f \
-             WHERE o.id > $3 AND o.attempted_at = f.attempted_at \
+             WHERE o.id > $3 AND o.queue = f.queue AND o.attempted_at = f.attempted_at \
                AND o.attempted_by[cardinality(o.attempted_by)] = f.worker \
            )",
     )

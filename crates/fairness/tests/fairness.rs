@@ -537,6 +537,49 @@ async fn without_the_gate_a_check_waits_for_a_gated_fetch_admitting_the_same_use
     assert!(h.runs_of(free).is_empty(), "{} runs", h.runs_of(free).len());
 }
 
+/// A replica frozen mid-fetch keeps the user's lock until its session ends. A check without the
+/// gate waits for that lock only so long, then snoozes the job briefly like after any failed
+/// check, instead of holding a connection and a worker slot until the job times out.
+#[tokio::test]
+async fn without_the_gate_a_check_does_not_wait_long_for_a_user_lock_held_elsewhere() {
+    let h = Harness::new().await;
+    let free = h.user(Tier::Free).await;
+    let mut frozen = h.db.pool.begin().await.unwrap();
+    fairness::store::lock_user(&mut frozen, Service::Analysis.as_str(), free)
+        .await
+        .unwrap();
+    let job = h.enqueue(Lane::Default, Some(free), 10, 1).await[0];
+    let (shutdown, handle) = h.start(
+        1,
+        FairnessConfig {
+            fairness_fetch_gate: false,
+            ..fast_fairness()
+        },
+    );
+    let snoozed = async {
+        loop {
+            let snoozes: Option<i64> = sqlx::query_scalar(
+                "SELECT (metadata->>'snoozes')::int8 FROM fairlane_job WHERE id = $1",
+            )
+            .bind(job)
+            .fetch_one(&h.db.pool)
+            .await
+            .unwrap();
+            if snoozes.is_some() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    // The lock is held until the job has snoozed; the check gives up after a second.
+    tokio::time::timeout(Duration::from_secs(5), snoozed)
+        .await
+        .expect("the check waited for the lock");
+    frozen.rollback().await.unwrap();
+    h.wait_completed(&[job], Duration::from_secs(10)).await;
+    stop(shutdown, handle).await;
+}
+
 #[tokio::test]
 async fn a_tier_upgrade_raises_the_limit_without_restart_and_disabling_removes_limits() {
     let h = Harness::new().await;
