@@ -386,12 +386,7 @@ async fn first_panic(tasks: &mut tokio::task::JoinSet<()>) {
         if let Err(e) = ended
             && e.is_panic()
         {
-            let payload = e.into_panic();
-            let message = payload
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| payload.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic without a message".to_owned());
+            let message = crate::executor::panic_text(&*e.into_panic());
             tracing::error!(panic = %message, "an engine background task panicked");
             return;
         }

@@ -161,12 +161,16 @@ async fn stopped_past_grace(control: &JobControl, grace: std::time::Duration) {
 }
 
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    let text = panic
+    format!("handler panicked: {}", panic_text(panic))
+}
+
+/// The message a panic carried (`panic!("…")`'s text), or a stand-in for another payload.
+pub(crate) fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
         .downcast_ref::<&str>()
         .map(|s| (*s).to_owned())
         .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-string panic payload".to_owned());
-    format!("handler panicked: {text}")
+        .unwrap_or_else(|| "non-string panic payload".to_owned())
 }
 
 fn humantime_like(d: std::time::Duration) -> String {

@@ -269,7 +269,8 @@ pub async fn promote_due(pool: &PgPool) -> Result<u64, QueueError> {
 macro_rules! dead_worker_condition {
     () => {
         "j.state = 'running' AND cardinality(j.attempted_by) > 0 \
-         AND j.attempted_at < now() - $1 * interval '1 millisecond' AND NOT EXISTS ( \
+         AND (j.attempted_at IS NULL OR j.attempted_at < now() - $1 * interval '1 millisecond') \
+         AND NOT EXISTS ( \
              SELECT 1 FROM fairlane_worker w \
              WHERE w.id = j.attempted_by[cardinality(j.attempted_by)] \
                AND w.heartbeat_at > now() - $1 * interval '1 millisecond')"
