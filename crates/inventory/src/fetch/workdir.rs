@@ -98,6 +98,8 @@ impl Drop for WorkDir {
 /// Removes `path` and everything in it; a killed git may still be exiting, so it retries a few
 /// times before giving up (with a warning: the next start's sweep removes what is left).
 fn remove_folder(path: &Path) {
+    #[cfg(test)]
+    tests::before_removing(path);
     for attempt in 0..5 {
         match fs::remove_dir_all(path) {
             Ok(()) => return,
@@ -175,7 +177,28 @@ pub fn sweep_stale(root: &Path) -> io::Result<SweepReport> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+    use std::time::{Duration, Instant};
+
     use super::*;
+
+    /// The folder whose removal waits (up to 5 s) until its flag is set: what a test sets to
+    /// hold a removal while it checks what else can run meanwhile.
+    type HeldRemoval = Option<(PathBuf, Arc<AtomicBool>)>;
+    static HELD_REMOVAL: std::sync::Mutex<HeldRemoval> = std::sync::Mutex::new(None);
+
+    pub(super) fn before_removing(path: &Path) {
+        let held = HELD_REMOVAL.lock().unwrap().clone();
+        if let Some((held, release)) = held
+            && held == path
+        {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while !release.load(Ordering::Acquire) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
 
     #[test]
     fn folder_names_round_trip() {
@@ -192,22 +215,25 @@ mod tests {
     }
 
     /// Dropped on the only worker thread of a multi-threaded runtime, a checkout is removed
-    /// with that thread's other tasks moved elsewhere: a task waiting on the same thread runs
-    /// while the removal goes on, not after it, and the folder is gone when the drop returns.
+    /// with that thread's other tasks moved elsewhere: a task queued on the same thread runs
+    /// while the removal goes on (here the removal waits for it, at most 5 s), not after it, and
+    /// the folder is gone when the drop returns.
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn a_drop_on_an_async_worker_does_not_hold_up_its_other_tasks() {
         let root = std::env::temp_dir().join(format!("fairlane-workdir-test-{}", folder_name()));
         let dir = WorkDir::create(&root).unwrap();
         let path = dir.path().to_path_buf();
-        for n in 0..3_000 {
-            fs::write(path.join(format!("f{n}")), b"x").unwrap();
-        }
-        let (removed_at, other_ran_at) = tokio::spawn(async move {
+        fs::write(path.join("file"), b"x").unwrap();
+        let release = Arc::new(AtomicBool::new(false));
+        *HELD_REMOVAL.lock().unwrap() = Some((path.clone(), Arc::clone(&release)));
+        let waited = tokio::spawn(async move {
             // Queued on this worker thread, behind the task that is about to drop the folder.
-            let other = tokio::spawn(async { std::time::Instant::now() });
+            let other = tokio::spawn(async move { release.store(true, Ordering::Release) });
+            let started = Instant::now();
             drop(dir);
-            let removed_at = std::time::Instant::now();
-            (removed_at, other.await.unwrap())
+            let waited = started.elapsed();
+            other.await.unwrap();
+            waited
         })
         .await
         .unwrap();
@@ -216,8 +242,8 @@ mod tests {
             "the folder is removed when the drop returns"
         );
         assert!(
-            other_ran_at < removed_at,
-            "the other task waited for the removal to finish"
+            waited < Duration::from_secs(4),
+            "the other task ran only after the removal gave up waiting for it ({waited:?})"
         );
         fs::remove_dir_all(root).unwrap();
     }
