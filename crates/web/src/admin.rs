@@ -139,14 +139,26 @@ pub async fn issue_key(pool: &PgPool, user_id: Uuid) -> Result<IssuedKeyView, Ad
 /// the form [`keys::is_id`] names no key and is not looked up (it could hold a NUL, which
 /// PostgreSQL would refuse).
 pub async fn revoke_key(pool: &PgPool, key_id: &str) -> Result<RevokedKeyView, AdminError> {
-    // A whole key (id and secret) is refused with what to pass instead, and never echoed: "no
-    // API key" would read as if the leaked key were harmless while it stays in force.
-    if let Some(id) = keys::parse_id(key_id) {
+    // A whole key (id and secret), even with quotes, a `Bearer ` prefix or spaces around it, is
+    // refused with what to pass instead, and never echoed: "no API key" would read as if the
+    // leaked key were harmless while it stays in force.
+    if let Some(id) = keys::find_key_id(key_id) {
         return Err(AdminError::Invalid(format!(
             "that is a whole API key, secret included; pass its id `{id}` to revoke it"
         )));
     }
-    let not_found = || AdminError::NotFound(format!("no API key `{}`", key_id.escape_debug()));
+    // Only what could be an id is repeated back: a longer text may hold part of a secret.
+    let not_found = || {
+        if key_id.chars().count() <= keys::ID_LEN {
+            AdminError::NotFound(format!("no API key `{}`", key_id.escape_debug()))
+        } else {
+            AdminError::NotFound(format!(
+                "no API key: a key id is {} hexadecimal characters, this is {} long",
+                keys::ID_LEN,
+                key_id.chars().count()
+            ))
+        }
+    };
     if !keys::is_id(key_id) {
         return Err(not_found());
     }
@@ -206,17 +218,41 @@ mod tests {
         let db = testkit::TestDb::new().await;
         let user = create_user(&db.pool, "Ada", Tier::Free).await.unwrap();
         let issued = issue_key(&db.pool, user.id).await.unwrap();
-        let e = revoke_key(&db.pool, &issued.key).await.unwrap_err();
-        let AdminError::Invalid(message) = &e else {
+        let secret = issued.key.rsplit('_').next().unwrap().to_owned();
+        for pasted in [
+            issued.key.clone(),
+            format!("\"{}\"", issued.key),
+            format!("{} ", issued.key),
+            format!("Bearer {}", issued.key),
+        ] {
+            let e = revoke_key(&db.pool, &pasted).await.unwrap_err();
+            let AdminError::Invalid(message) = &e else {
+                panic!("{pasted}: {e:?}");
+            };
+            assert!(
+                message.contains(&format!("`{}`", issued.key_id)),
+                "{message}"
+            );
+            assert!(
+                !message.contains(&secret),
+                "the secret is echoed: {message}"
+            );
+        }
+        // Part of a key (a truncated paste) is not repeated back either.
+        let truncated = &issued.key[..issued.key.len() - 5];
+        let e = revoke_key(&db.pool, truncated).await.unwrap_err();
+        let AdminError::NotFound(message) = &e else {
             panic!("{e:?}");
         };
-        assert!(
-            message.contains(&format!("`{}`", issued.key_id)),
-            "{message}"
-        );
-        assert!(
-            !message.contains(&issued.key),
-            "the secret is echoed: {message}"
-        );
+        assert!(!message.contains(&secret[..20]), "echoed: {message}");
+        // An id-sized typo is, to be recognised.
+        let e = revoke_key(&db.pool, "0123456789abcdeg").await.unwrap_err();
+        assert!(e.to_string().contains("`0123456789abcdeg`"), "{e}");
+        let (revoked,): (i64,) =
+            sqlx::query_as("SELECT count(*) FROM api_keys WHERE revoked_at IS NOT NULL")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        assert_eq!(revoked, 0, "nothing was revoked by a refused request");
     }
 }

@@ -55,9 +55,12 @@ pub fn hash_key(key: &str) -> [u8; 32] {
     Sha256::digest(key.as_bytes()).into()
 }
 
+/// The length of a key's public id: 16 lower-case hex characters.
+pub const ID_LEN: usize = ID_BYTES * 2;
+
 /// Whether `id` has the form of a key's public id: 16 lower-case hex characters.
 pub fn is_id(id: &str) -> bool {
-    id.len() == ID_BYTES * 2 && id.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
+    id.len() == ID_LEN && id.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// The public id of a well-formed key, `None` if the text cannot be a key.
@@ -70,6 +73,16 @@ pub fn parse_id(key: &str) -> Option<&str> {
             .bytes()
             .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_');
     (id_ok && secret_ok).then_some(id)
+}
+
+/// The public id of a well-formed key found anywhere in `text` (a key pasted with its quotes,
+/// a `Bearer ` prefix or a trailing space), `None` if there is none.
+pub fn find_key_id(text: &str) -> Option<&str> {
+    let key_len = KEY_PREFIX.len() + ID_LEN + 1 + 43;
+    text.match_indices(KEY_PREFIX).find_map(|(start, _)| {
+        let candidate = text.get(start..start + key_len)?;
+        parse_id(candidate)
+    })
 }
 
 /// Constant-time comparison of a presented key with a stored hash.

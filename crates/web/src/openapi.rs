@@ -119,7 +119,11 @@ fn add_errors(path: &str, method: &str, op: &mut Operation) {
         add(
             op,
             "503",
-            "The request took too long and was rolled back (`timeout`)",
+            "The request could not be finished: it took too long (`timeout`, rolled back; \
+             `timeout_outcome_unknown`, it may have taken effect), the data it needs was held \
+             too long (`database_busy`), its commit failed (`commit_outcome_unknown`), or, for \
+             an analysis served from the cache, the copy was saved and reading it back failed \
+             (`committed_unread`)",
             false,
         );
     }
@@ -183,6 +187,14 @@ fn add_errors(path: &str, method: &str, op: &mut Operation) {
             false,
         );
     }
+    if path == "/admin/keys/{key_id}" && method == "delete" {
+        add(
+            op,
+            "422",
+            "A whole key, secret included, was given instead of its id (`validation_failed`)",
+            false,
+        );
+    }
     if path == "/readyz" {
         add(
             op,
@@ -238,6 +250,15 @@ mod tests {
             );
         }
         assert!(post["429"]["content"]["application/problem+json"].is_object());
+        assert!(
+            post["503"]["description"]
+                .as_str()
+                .unwrap()
+                .contains("committed_unread")
+        );
+        // Revoking by a whole key is refused with a 422 (admin::revoke_key).
+        let revoke = &paths["/admin/keys/{key_id}"]["delete"]["responses"];
+        assert!(revoke["422"]["content"]["application/problem+json"].is_object());
         assert!(doc["components"]["schemas"]["Problem"].is_object());
         assert!(doc["components"]["securitySchemes"]["api_key"].is_object());
     }
