@@ -109,7 +109,8 @@ pub struct JobView {
     pub scheduled_at: DateTime<Utc>,
     pub attempted_at: Option<DateTime<Utc>>,
     pub finalized_at: Option<DateTime<Utc>>,
-    /// A cancel was requested while it was running.
+    /// A cancel was requested (`DELETE`), whether the job was waiting or running then; a running
+    /// job stops at its handler's next check, so it may still complete.
     pub cancel_requested: bool,
     /// What the job's handler returned, once completed.
     #[schema(value_type = Option<Object>)]
