@@ -326,10 +326,24 @@ impl Server {
         let listener = TcpListener::bind(&config.http_addr)
             .await
             .with_context(|| format!("binding HTTP_ADDR {}", config.http_addr))?;
+        let mut limits = config.connection_limits();
+        if let Some(open_files) = serve::raise_open_file_limit() {
+            let cap = serve::connection_cap(limits.max_connections, open_files);
+            if cap < limits.max_connections {
+                tracing::warn!(
+                    configured = limits.max_connections,
+                    serving = cap,
+                    open_file_limit = open_files,
+                    "HTTP_MAX_CONNECTIONS is more than this process may open files for; serving \
+                     fewer connections at once, the rest wait in the backlog"
+                );
+                limits.max_connections = cap;
+            }
+        }
         Ok(Server {
             listener,
             app,
-            limits: config.connection_limits(),
+            limits,
             pool,
             batch_thread,
         })

@@ -43,6 +43,28 @@ pub struct ConnectionLimits {
     pub drain_timeout: Duration,
 }
 
+/// How many connections may be open at once with `open_file_limit` descriptors: at most
+/// `configured`, leaving a quarter of the limit (at least 64) to everything else a request needs
+/// (the database pools and the batch thread's connections, Redis, DNS, `git ls-remote`). Idle
+/// clients beyond that wait in the backlog, instead of taking the descriptors a database
+/// connection needs and turning healthy requests into errors.
+pub fn connection_cap(configured: usize, open_file_limit: u64) -> usize {
+    let reserve = (open_file_limit / 4).max(64);
+    let room = usize::try_from(open_file_limit.saturating_sub(reserve)).unwrap_or(usize::MAX);
+    configured.min(room).max(1)
+}
+
+/// Raises this process's soft limit of open files to its hard limit (as Go's runtime does at
+/// start), and returns the soft limit in force; `None` if it cannot be read.
+pub fn raise_open_file_limit() -> Option<u64> {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).ok()?;
+    if soft < hard && setrlimit(Resource::RLIMIT_NOFILE, hard, hard).is_ok() {
+        return Some(hard);
+    }
+    Some(soft)
+}
+
 /// Serves `app` on `listener` until `shutdown` fires, then lets the requests in progress finish.
 /// Each request carries the peer's address as `ConnectInfo<SocketAddr>`.
 pub async fn serve(
@@ -200,5 +222,23 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for StalledWritesEnd<S> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_connection_cap_leaves_descriptors_for_everything_else() {
+        // Plenty: the configured cap stands.
+        assert_eq!(connection_cap(4096, 1_048_576), 4096);
+        assert_eq!(connection_cap(4096, 20_000), 4096);
+        // A common default soft limit: a quarter is kept back.
+        assert_eq!(connection_cap(4096, 1024), 768);
+        // Small limits keep at least 64 back, and at least one connection is served.
+        assert_eq!(connection_cap(4096, 200), 136);
+        assert_eq!(connection_cap(4096, 10), 1);
+        assert_eq!(connection_cap(10, 1024), 10);
     }
 }

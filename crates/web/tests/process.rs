@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use http::Method;
 use serde_json::Value;
-use support::{analysis_body, spawn_web, user_with_key};
+use support::{analysis_body, spawn_web, spawn_web_under, user_with_key};
 use testkit::TestDb;
 
 fn web(db: &TestDb, args: &[&str]) -> (bool, Value, String) {
@@ -273,4 +273,74 @@ async fn bad_settings_stop_the_start_with_one_line_and_write_nothing() {
             "web: loading configuration: config file {path}: unknown setting `http_request_timout` (settings are the environment variables' names in lower case)"
         )
     );
+}
+
+/// Sends `GET path` with `key` on the kept-alive `stream` and returns the status code.
+async fn get_on(stream: &mut tokio::net::TcpStream, path: &str, key: &str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: fairlane\r\nAuthorization: Bearer {key}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    let (head_end, length) = loop {
+        let n = tokio::time::timeout(Duration::from_secs(30), stream.read(&mut buf))
+            .await
+            .expect("an answer")
+            .unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&seen));
+        seen.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&seen).into_owned();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let length = text[..end]
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().parse::<usize>().unwrap())
+                })
+                .unwrap_or(0);
+            break (end + 4, length);
+        }
+    };
+    while seen.len() < head_end + length {
+        let n = stream.read(&mut buf).await.unwrap();
+        assert!(n > 0);
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let status_line = String::from_utf8_lossy(&seen[..head_end]).into_owned();
+    status_line.split(' ').nth(1).unwrap().parse().unwrap()
+}
+
+/// With fewer open files allowed than `HTTP_MAX_CONNECTIONS` (here 300 against 4,096), idle
+/// clients cannot take every descriptor: the server serves fewer connections at once, and the
+/// rest wait in the backlog. A request on a connection already open still gets the database
+/// connections it needs, instead of a 500 for want of a descriptor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_clients_cannot_take_the_descriptors_the_database_needs() {
+    let db = TestDb::new().await;
+    let (_, key) = user_with_key(&db.pool, "pro").await;
+    let (child, http) = spawn_web_under(&db, &[], &["prlimit", "--nofile=300:300", "--"]).await;
+    let addr = http.base.trim_start_matches("http://").to_owned();
+    let mut kept = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    assert_eq!(get_on(&mut kept, "/v1/usage", &key).await, 200);
+
+    // More than the 300 descriptors, fewer than those served plus the listen backlog (128).
+    let mut idle = Vec::new();
+    for _ in 0..320 {
+        idle.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Every database session of the server ends: the next request needs new ones.
+    sqlx::query(
+        "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid() \
+           AND backend_type = 'client backend'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(get_on(&mut kept, "/v1/usage", &key).await, 200);
+    drop(idle);
+    drop(child);
 }

@@ -213,6 +213,16 @@ pub fn free_port() -> u16 {
 
 /// A `web` child process serving on a fresh port, ready when this returns.
 pub async fn spawn_web(db: &TestDb, extra_env: &[(&str, String)]) -> (ChildProcess, Http) {
+    spawn_web_under(db, extra_env, &[]).await
+}
+
+/// [`spawn_web`], run by `launcher` (a command that runs the rest of its arguments, such as
+/// `prlimit --nofile=300 --`), if not empty.
+pub async fn spawn_web_under(
+    db: &TestDb,
+    extra_env: &[(&str, String)],
+    launcher: &[&str],
+) -> (ChildProcess, Http) {
     let port = free_port();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let mut env: Vec<(&str, String)> = vec![
@@ -228,7 +238,15 @@ pub async fn spawn_web(db: &TestDb, extra_env: &[(&str, String)]) -> (ChildProce
         env.retain(|(name, _)| name != k);
         env.push((k, v.clone()));
     }
-    let child = ChildProcess::spawn("web", env!("CARGO_BIN_EXE_web"), &["serve"], &env);
+    let binary = env!("CARGO_BIN_EXE_web");
+    let child = match launcher.split_first() {
+        None => ChildProcess::spawn("web", binary, &["serve"], &env),
+        Some((program, launcher_args)) => {
+            let mut args = launcher_args.to_vec();
+            args.extend([binary, "serve"]);
+            ChildProcess::spawn("web", program, &args, &env)
+        }
+    };
     let http = Http::new(addr);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
