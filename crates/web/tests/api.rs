@@ -784,6 +784,41 @@ async fn a_failing_commit_is_answered_with_an_error_and_never_retried() {
     s.stop().await;
 }
 
+/// A cancel whose COMMIT fails may or may not have taken effect: it is answered 503
+/// `commit_outcome_unknown` naming the job to look up (a 500 said nothing of it), and here,
+/// where the commit was refused, the job is as it was.
+#[tokio::test]
+async fn a_cancel_whose_commit_fails_is_answered_with_the_job_to_look_up() {
+    let db = TestDb::new().await;
+    let s = start(&db).await;
+    let (_, key) = user_with_key(&db.pool, "pro").await;
+    let r = s
+        .http
+        .post_json("/v1/analyses", &key, &analysis_body(1))
+        .await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    let job_id = r.json()["job"]["id"].as_i64().unwrap();
+    for statement in [
+        "CREATE FUNCTION refuse_cancel() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN IF NEW.state = 'cancelled' THEN RAISE EXCEPTION 'commit refused by test trigger'; \
+         END IF; RETURN NULL; END $$",
+        "CREATE CONSTRAINT TRIGGER refuse_cancel AFTER UPDATE ON fairlane_job \
+         DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_cancel()",
+    ] {
+        sqlx::query(statement).execute(&db.pool).await.unwrap();
+    }
+    let r = s.http.delete(&format!("/v1/jobs/{job_id}"), &key).await;
+    let body = r.problem(503, "commit_outcome_unknown");
+    assert_eq!(body["job_id"], job_id.to_string());
+    assert!(
+        !body["detail"].as_str().unwrap().contains("trigger"),
+        "{body}"
+    );
+    let job = s.http.get(&format!("/v1/jobs/{job_id}"), &key).await.json();
+    assert_eq!(job["state"], "available", "{job}");
+    s.stop().await;
+}
+
 /// Terminates every other session of the test database (the server's pools and the
 /// collectors' held connections, as a restart or an idle kill would), waiting until each is gone
 /// (else a pool's ping could still pass on a session about to end).

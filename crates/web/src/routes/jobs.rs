@@ -115,7 +115,11 @@ pub async fn cancel(
         CancelResult::Requested(_) => Cancellation::Requested,
         CancelResult::AlreadyFinal(_) => Cancellation::AlreadyFinal,
     };
-    middleware::committing(watch.as_ref(), tx.commit()).await?;
+    // A failed COMMIT may have taken effect: the answer says so, and names the job to look up,
+    // as for an enqueue batch's (docs/web.md).
+    middleware::committing(watch.as_ref(), tx.commit())
+        .await
+        .map_err(|e| Problem::commit_outcome_unknown(&e).with("job_id", id.to_string()))?;
     Ok(Json(CancelResponse {
         cancellation,
         job: JobView::from(result.job()),
