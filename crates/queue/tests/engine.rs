@@ -1058,6 +1058,89 @@ async fn jobs_of_a_worker_that_stopped_heartbeating_are_rescued() {
     assert_eq!(dead, 0, "dead worker row reaped");
 }
 
+/// An engine without maintenance (the test rescues as a leader would) whose `Noop` handler
+/// holds each run until `release` is notified.
+struct HeldRuns {
+    client: Client,
+    engine: Running,
+    release: Arc<tokio::sync::Notify>,
+    config: queue::EngineConfig,
+}
+
+impl HeldRuns {
+    fn start(db: &TestDb) -> HeldRuns {
+        let client = Client::new(db.pool.clone());
+        let release = Arc::new(tokio::sync::Notify::new());
+        let mut workers = Workers::new();
+        let handler_release = Arc::clone(&release);
+        workers.register_fn::<Noop, _, _>(move |_, _| {
+            let release = Arc::clone(&handler_release);
+            async move {
+                release.notified().await;
+                Ok(())
+            }
+        });
+        let config = queue::EngineConfig {
+            maintenance: false,
+            ..fast_config()
+        };
+        let engine = start(&client, config.clone(), &[("q", 1)], workers);
+        HeldRuns {
+            client,
+            engine,
+            release,
+            config,
+        }
+    }
+
+    /// Inserts a job with one attempt and waits until its run is held.
+    async fn held_job(&self, db: &TestDb) -> i64 {
+        let job = self
+            .client
+            .insert(NewJob::new(q("q"), &Noop {}).expect("job").max_attempts(1))
+            .await
+            .expect("insert")
+            .job;
+        eventually(Duration::from_secs(10), "the job running", || async {
+            (state_of(&db.pool, job.id).await == "running").then_some(())
+        })
+        .await;
+        job.id
+    }
+
+    /// A rescue now leaves the live run of `job` alone, and, released, the run completes it.
+    async fn assert_not_rescued_and_completed(self, db: &TestDb, job: i64) {
+        let waker = queue::wake::Waker::new(db.pool.clone());
+        let rescued = queue::maintenance::rescue_dead_workers(
+            &db.pool,
+            &[],
+            &waker,
+            self.config.rescue_after,
+        )
+        .await
+        .expect("rescue");
+        assert!(rescued.is_empty(), "a live run was rescued: {rescued:?}");
+        self.release.notify_one();
+        let done = eventually(Duration::from_secs(10), "the job completed", || async {
+            let j = self
+                .client
+                .job(job)
+                .await
+                .expect("look up")
+                .expect("the job");
+            j.state.is_final().then_some(j)
+        })
+        .await;
+        self.engine.stop().await;
+        assert_eq!(
+            done.state,
+            JobState::Completed,
+            "{:?}",
+            done.attempt_errors()
+        );
+    }
+}
+
 /// A worker cut off from the database long enough to be taken for dead is rescued and its row
 /// deleted; when the database comes back, its producer may fetch before its heartbeat registers
 /// it again. That run is live, and the rescuer leaves it alone: a job is rescued only once it has
@@ -1066,58 +1149,16 @@ async fn jobs_of_a_worker_that_stopped_heartbeating_are_rescued() {
 #[tokio::test]
 async fn a_job_fetched_by_a_worker_not_yet_registered_again_is_not_rescued() {
     let db = TestDb::new().await;
-    let client = Client::new(db.pool.clone());
-    let release = Arc::new(tokio::sync::Notify::new());
-    let mut workers = Workers::new();
-    let handler_release = Arc::clone(&release);
-    workers.register_fn::<Noop, _, _>(move |_, _| {
-        let release = Arc::clone(&handler_release);
-        async move {
-            release.notified().await;
-            Ok(())
-        }
-    });
-    let config = queue::EngineConfig {
-        maintenance: false,
-        ..fast_config()
-    };
-    let engine = start(&client, config.clone(), &[("q", 1)], workers);
-    keep_heartbeat_stale(&db.pool, &engine.worker_id).await;
+    let runs = HeldRuns::start(&db);
+    keep_heartbeat_stale(&db.pool, &runs.engine.worker_id).await;
     // What the leader's rescue of a worker it took for dead does to its row.
     sqlx::query("DELETE FROM fairlane_worker WHERE id = $1")
-        .bind(&engine.worker_id)
+        .bind(&runs.engine.worker_id)
         .execute(&db.pool)
         .await
         .unwrap();
-    let job = client
-        .insert(NewJob::new(q("q"), &Noop {}).unwrap().max_attempts(1))
-        .await
-        .unwrap()
-        .job;
-    eventually(Duration::from_secs(10), "the job running", || async {
-        (state_of(&db.pool, job.id).await == "running").then_some(())
-    })
-    .await;
-
-    let waker = queue::wake::Waker::new(db.pool.clone());
-    let rescued =
-        queue::maintenance::rescue_dead_workers(&db.pool, &[], &waker, config.rescue_after)
-            .await
-            .unwrap();
-    assert!(rescued.is_empty(), "a live run was rescued: {rescued:?}");
-    release.notify_one();
-    let done = eventually(Duration::from_secs(10), "the job completed", || async {
-        let j = client.job(job.id).await.unwrap().unwrap();
-        j.state.is_final().then_some(j)
-    })
-    .await;
-    engine.stop().await;
-    assert_eq!(
-        done.state,
-        JobState::Completed,
-        "{:?}",
-        done.attempt_errors()
-    );
+    let job = runs.held_job(&db).await;
+    runs.assert_not_rescued_and_completed(&db, job).await;
 }
 
 /// A lock on the job table held longer than `rescue_after` (an index built without
@@ -1127,86 +1168,47 @@ async fn a_job_fetched_by_a_worker_not_yet_registered_again_is_not_rescued() {
 #[tokio::test]
 async fn a_lock_on_the_job_table_does_not_stop_the_heartbeat() {
     let db = TestDb::new().await;
-    let client = Client::new(db.pool.clone());
-    let release = Arc::new(tokio::sync::Notify::new());
-    let mut workers = Workers::new();
-    let handler_release = Arc::clone(&release);
-    workers.register_fn::<Noop, _, _>(move |_, _| {
-        let release = Arc::clone(&handler_release);
-        async move {
-            release.notified().await;
-            Ok(())
-        }
-    });
-    let config = queue::EngineConfig {
-        maintenance: false,
-        ..fast_config()
-    };
-    let engine = start(&client, config.clone(), &[("q", 1)], workers);
-    let job = client
-        .insert(NewJob::new(q("q"), &Noop {}).unwrap())
-        .await
-        .unwrap()
-        .job;
-    eventually(Duration::from_secs(10), "the job running", || async {
-        (state_of(&db.pool, job.id).await == "running").then_some(())
-    })
-    .await;
-
+    let runs = HeldRuns::start(&db);
+    let job = runs.held_job(&db).await;
     let mut locker = db.pool.begin().await.unwrap();
     sqlx::query("LOCK TABLE fairlane_job IN SHARE MODE")
         .execute(&mut *locker)
         .await
         .unwrap();
-    tokio::time::sleep(config.rescue_after + Duration::from_millis(500)).await;
+    tokio::time::sleep(runs.config.rescue_after + Duration::from_millis(500)).await;
     let heartbeat_age_ms: f64 = sqlx::query_scalar(
         "SELECT extract(epoch FROM now() - heartbeat_at)::float8 * 1000 \
          FROM fairlane_worker WHERE id = $1",
     )
-    .bind(&engine.worker_id)
+    .bind(&runs.engine.worker_id)
     .fetch_one(&db.pool)
     .await
     .unwrap();
     assert!(
-        heartbeat_age_ms < config.rescue_after.as_millis() as f64,
+        heartbeat_age_ms < runs.config.rescue_after.as_millis() as f64,
         "the heartbeat stopped behind the lock: {heartbeat_age_ms} ms old"
     );
     locker.commit().await.unwrap();
-
-    let waker = queue::wake::Waker::new(db.pool.clone());
-    let rescued =
-        queue::maintenance::rescue_dead_workers(&db.pool, &[], &waker, config.rescue_after)
-            .await
-            .unwrap();
-    assert!(rescued.is_empty(), "a live run was rescued: {rescued:?}");
-    release.notify_one();
-    let done = eventually(Duration::from_secs(10), "the job completed", || async {
-        let j = client.job(job.id).await.unwrap().unwrap();
-        j.state.is_final().then_some(j)
-    })
-    .await;
-    engine.stop().await;
-    assert_eq!(
-        done.state,
-        JobState::Completed,
-        "{:?}",
-        done.attempt_errors()
-    );
+    runs.assert_not_rescued_and_completed(&db, job).await;
 }
 
-/// A worker whose heartbeat could not reach the database long enough looks dead, and its runs
-/// are rescued while it still runs them. Once it reaches the database again, it stops those runs
-/// (reason `Taken`) instead of running on beside whoever runs the job now. (A trigger keeps this
-/// worker's heartbeat stale, as if it could not write it.)
-#[tokio::test]
-async fn a_run_rescued_from_a_live_worker_is_stopped_there() {
-    let db = TestDb::new().await;
-    let client = Client::new(db.pool.clone());
+/// Why the first run of a job with `max_attempts` attempts was stopped, on an engine whose
+/// heartbeat looks stale (a trigger keeps it so, as if it could not reach the database) and whose
+/// run a rescue takes while it goes on; a second run completes at once. Returns the reason the
+/// first run was told, the job, and the engine (still running).
+async fn take_a_live_run(
+    db: &TestDb,
+    client: &Client,
+    max_attempts: i16,
+) -> (Option<queue::CancelReason>, i64, Running) {
     let (told, mut reason) = tokio::sync::mpsc::unbounded_channel();
     let mut workers = Workers::new();
     workers.register_fn::<Noop, _, _>(move |ctx, _| {
         let told = told.clone();
         async move {
+            if ctx.job().attempt > 1 {
+                return Ok(());
+            }
             ctx.cancelled().await;
             let _ = told.send(ctx.cancel_reason());
             Err(JobError::msg("stopped"))
@@ -1216,11 +1218,15 @@ async fn a_run_rescued_from_a_live_worker_is_stopped_there() {
         maintenance: false,
         ..fast_config()
     };
-    let engine = start(&client, config.clone(), &[("q", 1)], workers);
+    let engine = start(client, config.clone(), &[("q", 2)], workers);
     let job = client
-        .insert(NewJob::new(q("q"), &Noop {}).unwrap().max_attempts(1))
+        .insert(
+            NewJob::new(q("q"), &Noop {})
+                .expect("job")
+                .max_attempts(max_attempts),
+        )
         .await
-        .unwrap()
+        .expect("insert")
         .job;
     eventually(Duration::from_secs(10), "the job running", || async {
         (state_of(&db.pool, job.id).await == "running").then_some(())
@@ -1233,17 +1239,27 @@ async fn a_run_rescued_from_a_live_worker_is_stopped_there() {
     let rescued =
         queue::maintenance::rescue_dead_workers(&db.pool, &[], &waker, config.rescue_after)
             .await
-            .unwrap();
+            .expect("rescue");
     assert_eq!(rescued.len(), 1, "{rescued:?}");
-    assert_eq!(state_of(&db.pool, job.id).await, "discarded");
-
     let told = tokio::time::timeout(Duration::from_secs(5), reason.recv())
         .await
-        .expect("the rescued run went on");
-    assert_eq!(told, Some(Some(queue::CancelReason::Taken)));
+        .expect("the rescued run went on")
+        .expect("the handler reported");
+    (told, job.id, engine)
+}
+
+/// A worker whose heartbeat could not reach the database long enough looks dead, and its runs
+/// are rescued while it still runs them. Once it reaches the database again, it stops those runs
+/// (reason `Taken`) instead of running on beside whoever runs the job now.
+#[tokio::test]
+async fn a_run_rescued_from_a_live_worker_is_stopped_there() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let (told, job, engine) = take_a_live_run(&db, &client, 1).await;
+    assert_eq!(told, Some(queue::CancelReason::Taken));
     engine.stop().await;
     // Its end is not saved over the rescue's.
-    assert_eq!(state_of(&db.pool, job.id).await, "discarded");
+    assert_eq!(state_of(&db.pool, job).await, "discarded");
 }
 
 /// As above, but the rescued job has attempts left, and this worker fetches it again at once:
@@ -1253,48 +1269,10 @@ async fn a_run_rescued_from_a_live_worker_is_stopped_there() {
 async fn a_rescued_run_is_stopped_when_its_job_is_fetched_here_again() {
     let db = TestDb::new().await;
     let client = Client::new(db.pool.clone());
-    let (told, mut reason) = tokio::sync::mpsc::unbounded_channel();
-    let mut workers = Workers::new();
-    workers.register_fn::<Noop, _, _>(move |ctx, _| {
-        let told = told.clone();
-        async move {
-            if ctx.job().attempt == 1 {
-                ctx.cancelled().await;
-                let _ = told.send(ctx.cancel_reason());
-                return Err(JobError::msg("stopped"));
-            }
-            Ok(())
-        }
-    });
-    let config = queue::EngineConfig {
-        maintenance: false,
-        ..fast_config()
-    };
-    let engine = start(&client, config.clone(), &[("q", 2)], workers);
-    let job = client
-        .insert(NewJob::new(q("q"), &Noop {}).unwrap().max_attempts(2))
-        .await
-        .unwrap()
-        .job;
-    eventually(Duration::from_secs(10), "the job running", || async {
-        (state_of(&db.pool, job.id).await == "running").then_some(())
-    })
-    .await;
-    keep_heartbeat_stale(&db.pool, &engine.worker_id).await;
-    tokio::time::sleep(config.rescue_after + config.heartbeat_interval).await;
-    let waker = queue::wake::Waker::new(db.pool.clone());
-    let rescued =
-        queue::maintenance::rescue_dead_workers(&db.pool, &[], &waker, config.rescue_after)
-            .await
-            .unwrap();
-    assert_eq!(rescued.len(), 1, "{rescued:?}");
-
-    let told = tokio::time::timeout(Duration::from_secs(5), reason.recv())
-        .await
-        .expect("the rescued run went on");
-    assert_eq!(told, Some(Some(queue::CancelReason::Taken)));
+    let (told, job, engine) = take_a_live_run(&db, &client, 2).await;
+    assert_eq!(told, Some(queue::CancelReason::Taken));
     let done = eventually(Duration::from_secs(10), "the job completed", || async {
-        let j = client.job(job.id).await.unwrap().unwrap();
+        let j = client.job(job).await.unwrap().unwrap();
         j.state.is_final().then_some(j)
     })
     .await;
