@@ -999,6 +999,26 @@ async fn reserved_units_become_used_exactly_once_when_jobs_complete() {
     s.stop().await;
 }
 
+/// A completed analysis of `owner`'s of `repository` at `commit`, with `{"tests": 7}` as its
+/// result: what a cache hit copies.
+async fn completed_analysis(
+    pool: &sqlx::PgPool,
+    owner: uuid::Uuid,
+    repository: &str,
+    commit: &str,
+) {
+    sqlx::query(
+        "INSERT INTO analyses (user_id, repository, commit, state, result, completed_at) \
+         VALUES ($1, $2, $3, 'completed', '{\"tests\": 7}', now())",
+    )
+    .bind(owner)
+    .bind(repository)
+    .bind(commit)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
 #[tokio::test]
 async fn cache_hits_return_the_stored_result_without_job_reservation_or_usage() {
     let db = TestDb::new().await;
@@ -1006,16 +1026,7 @@ async fn cache_hits_return_the_stored_result_without_job_reservation_or_usage() 
     let (other, _) = user_with_key(&db.pool, "pro").await;
     let (_, key) = user_with_key(&db.pool, "free").await;
     let repository = "https://github.com/fairlane-test/fixture.git";
-    sqlx::query(
-        "INSERT INTO analyses (user_id, repository, commit, state, result, completed_at) \
-         VALUES ($1, $2, $3, 'completed', '{\"tests\": 7}', now())",
-    )
-    .bind(other)
-    .bind(repository)
-    .bind(sha(5))
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    completed_analysis(&db.pool, other, repository, &sha(5)).await;
     // Same repository written differently (upper-case host, default port, no `.git`, trailing
     // slash) and the commit in upper case.
     let r = s
@@ -1108,16 +1119,7 @@ async fn a_cache_hit_whose_read_fails_after_the_commit_names_the_committed_copy(
     let (original_owner, first_key) = user_with_key(&db.pool, "pro").await;
     let (second_user, second_key) = user_with_key(&db.pool, "pro").await;
     let repository = "https://github.com/fairlane-test/fixture";
-    sqlx::query(
-        "INSERT INTO analyses (user_id, repository, commit, state, result, completed_at) \
-         VALUES ($1, $2, $3, 'completed', '{\"tests\": 7}', now())",
-    )
-    .bind(original_owner)
-    .bind(repository)
-    .bind(sha(5))
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    completed_analysis(&db.pool, original_owner, repository, &sha(5)).await;
     let body = json!({"repository": repository, "ref": sha(5)});
     // Both collectors now hold a connection, and the server's pool one more (the read).
     let r = s.http.post_json("/v1/analyses", &first_key, &body).await;
