@@ -775,17 +775,22 @@ async fn a_cancel_requested_for_a_job_whose_fetch_reply_was_lost_is_kept() {
     engine.stop().await;
 }
 
-/// A transition hook that panics.
-struct PanickingHook;
+/// A transition hook that panics on the transitions of one job, or of every job (`None`).
+struct PanickingHook(Option<i64>);
 
 #[async_trait::async_trait]
 impl queue::TransitionHook for PanickingHook {
     async fn on_transitions(
         &self,
         _conn: &mut sqlx::PgConnection,
-        _transitions: &[queue::Transition],
+        transitions: &[queue::Transition],
     ) -> Result<(), queue::BoxError> {
-        panic!("hook exploded");
+        assert!(
+            self.0
+                .is_some_and(|job| transitions.iter().all(|t| t.job_id != job)),
+            "hook exploded"
+        );
+        Ok(())
     }
 }
 
@@ -795,7 +800,7 @@ impl queue::TransitionHook for PanickingHook {
 #[tokio::test]
 async fn an_engine_whose_completer_stopped_stops_and_says_so() {
     let db = TestDb::new().await;
-    let client = Client::new(db.pool.clone()).with_hooks(vec![Arc::new(PanickingHook)]);
+    let client = Client::new(db.pool.clone()).with_hooks(vec![Arc::new(PanickingHook(None))]);
     let mut workers = Workers::new();
     workers.register_fn::<Tag, _, _>(|_, _| async { Ok(()) });
     let job = client
@@ -819,25 +824,6 @@ async fn an_engine_whose_completer_stopped_stops_and_says_so() {
     assert_eq!(workers_left, 0, "deregistered");
     let stuck = client.job(job.id).await.unwrap().unwrap();
     assert_eq!(stuck.state, JobState::Running, "left for the rescuer");
-}
-
-/// A transition hook that panics on the transitions of one job.
-struct PanicsOnJob(i64);
-
-#[async_trait::async_trait]
-impl queue::TransitionHook for PanicsOnJob {
-    async fn on_transitions(
-        &self,
-        _conn: &mut sqlx::PgConnection,
-        transitions: &[queue::Transition],
-    ) -> Result<(), queue::BoxError> {
-        assert!(
-            transitions.iter().all(|t| t.job_id != self.0),
-            "hook exploded on job {}",
-            self.0
-        );
-        Ok(())
-    }
 }
 
 /// A worker that runs `Noop` jobs for `ms` milliseconds, ignoring cancellation.
@@ -869,7 +855,8 @@ async fn an_engine_whose_maintenance_panicked_stops_and_says_so() {
     let poisoned = insert_noops(&plain, "elsewhere", 1).await[0];
     mark_running(&db.pool, &[poisoned], "dead-worker", 60_000).await;
     insert_noops(&plain, "q", 1).await;
-    let client = Client::new(db.pool.clone()).with_hooks(vec![Arc::new(PanicsOnJob(poisoned))]);
+    let client =
+        Client::new(db.pool.clone()).with_hooks(vec![Arc::new(PanickingHook(Some(poisoned)))]);
     let engine = start(&client, fast_config(), &[("q", 1)], slow_noops(5_000));
     eventually(Duration::from_secs(10), "elected", || async {
         (leases(&db.pool).await == 1).then_some(())
@@ -903,7 +890,8 @@ async fn a_repair_that_panicked_stops_the_engine_but_not_its_heartbeat() {
     let plain = Client::new(db.pool.clone());
     let poisoned = insert_noops(&plain, "elsewhere", 1).await[0];
     insert_noops(&plain, "q", 1).await;
-    let client = Client::new(db.pool.clone()).with_hooks(vec![Arc::new(PanicsOnJob(poisoned))]);
+    let client =
+        Client::new(db.pool.clone()).with_hooks(vec![Arc::new(PanickingHook(Some(poisoned)))]);
     let config = queue::EngineConfig {
         maintenance: false,
         ..fast_config()
