@@ -1,5 +1,5 @@
 //! How a binary reports why it could not start or run: the error and its causes on one line, for
-//! `main` to print on stderr before it exits with a non-zero code.
+//! `main` to print on stderr before it exits with a non-zero code; and the text of a caught panic.
 
 use std::error::Error;
 
@@ -24,9 +24,28 @@ pub fn one_line(error: &(dyn Error + 'static)) -> String {
         .join(" ")
 }
 
+/// The text a panic carried (`panic!("…")`'s message, formatted or not), `None` for any other
+/// payload: what a task or batch that caught a panic logs or records.
+pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> Option<&str> {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_panics_text_is_read_from_either_payload() {
+        let literal = std::panic::catch_unwind(|| panic!("plain")).unwrap_err();
+        assert_eq!(panic_text(&*literal), Some("plain"));
+        let formatted = std::panic::catch_unwind(|| panic!("job {}", 7)).unwrap_err();
+        assert_eq!(panic_text(&*formatted), Some("job 7"));
+        let other = std::panic::catch_unwind(|| std::panic::panic_any(7_u8)).unwrap_err();
+        assert_eq!(panic_text(&*other), None);
+    }
 
     #[derive(Debug, thiserror::Error)]
     #[error("could not listen on {addr}: {source}")]

@@ -386,7 +386,8 @@ async fn first_panic(tasks: &mut tokio::task::JoinSet<()>) {
         if let Err(e) = ended
             && e.is_panic()
         {
-            let message = crate::executor::panic_text(&*e.into_panic());
+            let payload = e.into_panic();
+            let message = crate::executor::panic_text(&*payload);
             tracing::error!(panic = %message, "an engine background task panicked");
             return;
         }

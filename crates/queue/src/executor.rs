@@ -165,12 +165,8 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 }
 
 /// The message a panic carried (`panic!("…")`'s text), or a stand-in for another payload.
-pub(crate) fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-string panic payload".to_owned())
+pub(crate) fn panic_text(panic: &(dyn std::any::Any + Send)) -> &str {
+    common::report::panic_text(panic).unwrap_or("non-string panic payload")
 }
 
 fn humantime_like(d: std::time::Duration) -> String {

@@ -218,11 +218,7 @@ async fn collect<R: BatchRun>(
         // its own: a task per batch would cost a hop through the scheduler and copies of a
         // large future.
         if let Err(panic) = AssertUnwindSafe(runner.run(batch)).catch_unwind().await {
-            let message = panic
-                .downcast_ref::<&str>()
-                .copied()
-                .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-                .unwrap_or("(no message)");
+            let message = common::report::panic_text(&*panic).unwrap_or("(no message)");
             tracing::error!(
                 requests = count,
                 panic = message,
