@@ -14,7 +14,8 @@ use http::Method;
 use queue::{Client, Engine, EngineConfig, QueueName, Workers};
 use serde_json::{Value, json};
 use support::{
-    ADMIN_TOKEN, Resp, TestServer, analysis_body, config, count, sha, user_with_key, written_rows,
+    ADMIN_TOKEN, Resp, TestServer, analysis_body, config, count, hold_user_row, sha, user_with_key,
+    written_rows,
 };
 use testkit::TestDb;
 use tokio_util::sync::CancellationToken;
@@ -1596,12 +1597,7 @@ async fn a_request_past_the_timeout_is_a_503_and_rolled_back() {
     let s = TestServer::start(c).await;
     let (user, key) = user_with_key(&db.pool, "pro").await;
     // Hold the user's row: the request waits inside its transaction until the timeout.
-    let mut blocker = db.pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM users WHERE id = $1 FOR UPDATE")
-        .bind(user)
-        .execute(&mut *blocker)
-        .await
-        .unwrap();
+    let blocker = hold_user_row(&db.pool, user).await;
     let r = s
         .http
         .post_json("/v1/analyses", &key, &analysis_body(1))
@@ -1896,12 +1892,7 @@ async fn a_user_row_held_elsewhere_is_answered_busy_while_others_go_through() {
     let s = TestServer::start(c).await;
     let (stuck, stuck_key) = user_with_key(&db.pool, "pro").await;
     let (_, other_key) = user_with_key(&db.pool, "pro").await;
-    let mut holder = db.pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM users WHERE id = $1 FOR UPDATE")
-        .bind(stuck)
-        .execute(&mut *holder)
-        .await
-        .unwrap();
+    let holder = hold_user_row(&db.pool, stuck).await;
     let before = written_rows(&db.pool).await;
     let first = analysis_body(1);
     let (busy, other) = tokio::join!(

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use http::Method;
 use serde_json::Value;
-use support::{analysis_body, spawn_web, spawn_web_under, user_with_key};
+use support::{analysis_body, hold_user_row, spawn_web, spawn_web_under, user_with_key};
 use testkit::TestDb;
 
 fn web(db: &TestDb, args: &[&str]) -> (bool, Value, String) {
@@ -35,12 +35,7 @@ async fn sigterm_finishes_the_request_in_flight_and_exits_zero() {
     let (mut child, http) = spawn_web(&db, &[]).await;
     let (user, key) = user_with_key(&db.pool, "pro").await;
     // Hold the user's row so the request blocks inside its transaction.
-    let mut blocker = db.pool.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM users WHERE id = $1 FOR UPDATE")
-        .bind(user)
-        .execute(&mut *blocker)
-        .await
-        .unwrap();
+    let blocker = hold_user_row(&db.pool, user).await;
     let request = {
         let http = http.clone();
         let key = key.clone();

@@ -264,6 +264,21 @@ pub async fn spawn_web_under(
     (child, http)
 }
 
+/// Locks `user`'s row (`FOR UPDATE`) in a transaction of its own, as another session holding it
+/// would: the user's enqueue requests wait for it until it ends or their timeouts.
+pub async fn hold_user_row(
+    pool: &PgPool,
+    user: Uuid,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM users WHERE id = $1 FOR UPDATE")
+        .bind(user)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    holder
+}
+
 /// A user of `tier` with an API key; returns (user id, key).
 pub async fn user_with_key(pool: &PgPool, tier: &str) -> (Uuid, String) {
     let tier = web::admin::parse_tier(tier).unwrap();
