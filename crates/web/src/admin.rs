@@ -149,13 +149,13 @@ pub async fn revoke_key(pool: &PgPool, key_id: &str) -> Result<RevokedKeyView, A
     }
     // Only what could be an id is repeated back: a longer text may hold part of a secret.
     let not_found = || {
-        if key_id.chars().count() <= keys::ID_LEN {
+        let length = key_id.chars().count();
+        if length <= keys::ID_LEN {
             AdminError::NotFound(format!("no API key `{}`", key_id.escape_debug()))
         } else {
             AdminError::NotFound(format!(
-                "no API key: a key id is {} hexadecimal characters, this is {} long",
-                keys::ID_LEN,
-                key_id.chars().count()
+                "no API key: a key id is {} hexadecimal characters, this is {length} long",
+                keys::ID_LEN
             ))
         }
     };
@@ -220,8 +220,8 @@ mod tests {
         let db = testkit::TestDb::new().await;
         let user = create_user(&db.pool, "Ada", Tier::Free).await.unwrap();
         let issued = issue_key(&db.pool, user.id).await.unwrap();
-        // The last 43 characters (base64url: they may hold `_` too).
-        let secret = issued.key[issued.key.len() - 43..].to_owned();
+        // The key's end (base64url: it may hold `_` too).
+        let secret = issued.key[issued.key.len() - keys::SECRET_LEN..].to_owned();
         for pasted in [
             issued.key.clone(),
             format!("\"{}\"", issued.key),

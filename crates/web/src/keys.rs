@@ -58,6 +58,12 @@ pub fn hash_key(key: &str) -> [u8; 32] {
 /// The length of a key's public id: 16 lower-case hex characters.
 pub const ID_LEN: usize = ID_BYTES * 2;
 
+/// The length of a key's secret: its 32 bytes in base64url without padding, 43 characters.
+pub const SECRET_LEN: usize = (SECRET_BYTES * 4).div_ceil(3);
+
+/// The length of a whole key: prefix, id, `_`, secret.
+const KEY_LEN: usize = KEY_PREFIX.len() + ID_LEN + 1 + SECRET_LEN;
+
 /// Whether `id` has the form of a key's public id: 16 lower-case hex characters.
 pub fn is_id(id: &str) -> bool {
     id.len() == ID_LEN && id.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'))
@@ -68,7 +74,7 @@ pub fn parse_id(key: &str) -> Option<&str> {
     let rest = key.strip_prefix(KEY_PREFIX)?;
     let (id, secret) = rest.split_once('_')?;
     let id_ok = is_id(id);
-    let secret_ok = secret.len() == 43
+    let secret_ok = secret.len() == SECRET_LEN
         && secret
             .bytes()
             .all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_');
@@ -78,9 +84,8 @@ pub fn parse_id(key: &str) -> Option<&str> {
 /// The public id of a well-formed key found anywhere in `text` (a key pasted with its quotes,
 /// a `Bearer ` prefix or a trailing space), `None` if there is none.
 pub fn find_key_id(text: &str) -> Option<&str> {
-    let key_len = KEY_PREFIX.len() + ID_LEN + 1 + 43;
     text.match_indices(KEY_PREFIX).find_map(|(start, _)| {
-        let candidate = text.get(start..start + key_len)?;
+        let candidate = text.get(start..start + KEY_LEN)?;
         parse_id(candidate)
     })
 }
