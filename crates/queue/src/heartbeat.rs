@@ -98,16 +98,28 @@ where
     }
 }
 
+/// The condition that job `j` is running, fetched last by the worker whose id is `$worker` (the
+/// SQL of a parameter): one of this worker's runs, as every repair looks for them.
+macro_rules! running_for_worker {
+    ($worker:literal) => {
+        concat!(
+            "j.state = 'running' AND cardinality(j.attempted_by) > 0 \
+             AND j.attempted_by[cardinality(j.attempted_by)] = ",
+            $worker
+        )
+    };
+}
+
 /// Hands back this worker's unsaved runs and the jobs it never received, and passes on the
 /// cancels requested for its runs.
 async fn repair(rt: &Runtime) -> Result<(), QueueError> {
     hand_back_unsaved(rt).await?;
     hand_back_orphans(rt).await?;
-    let cancel_requested: Vec<(JobId,)> = sqlx::query_as(
-        "SELECT id FROM fairlane_job WHERE state = 'running' AND cardinality(attempted_by) > 0 \
-           AND attempted_by[cardinality(attempted_by)] = $1 \
-           AND (metadata ->> 'cancel_attempted_at') IS NOT NULL",
-    )
+    let cancel_requested: Vec<(JobId,)> = sqlx::query_as(concat!(
+        "SELECT j.id FROM fairlane_job j WHERE ",
+        running_for_worker!("$1"),
+        " AND (j.metadata ->> 'cancel_attempted_at') IS NOT NULL"
+    ))
     .bind(&*rt.worker_id)
     .fetch_all(&rt.pool)
     .await?;
@@ -129,15 +141,14 @@ async fn stop_taken_runs(rt: &Runtime) -> Result<(), QueueError> {
         return Ok(());
     }
     let (ids, starts): (Vec<JobId>, Vec<RunStart>) = runs.into_iter().unzip();
-    let taken: Vec<(JobId, RunStart)> = sqlx::query_as(
+    let taken: Vec<(JobId, RunStart)> = sqlx::query_as(concat!(
         "SELECT r.id, r.started FROM unnest($1::bigint[], $2::timestamptz[]) AS r(id, started) \
-         WHERE NOT EXISTS ( \
-           SELECT 1 FROM fairlane_job j \
-           WHERE j.id = r.id AND j.state = 'running' \
-             AND j.attempted_at IS NOT DISTINCT FROM r.started \
-             AND cardinality(j.attempted_by) > 0 \
-             AND j.attempted_by[cardinality(j.attempted_by)] = $3)",
-    )
+             WHERE NOT EXISTS ( \
+               SELECT 1 FROM fairlane_job j \
+               WHERE j.id = r.id AND j.attempted_at IS NOT DISTINCT FROM r.started AND ",
+        running_for_worker!("$3"),
+        ")"
+    ))
     .bind(&ids)
     .bind(&starts)
     .bind(&*rt.worker_id)
@@ -159,10 +170,11 @@ async fn stop_taken_runs(rt: &Runtime) -> Result<(), QueueError> {
 /// (`$2`), fetched longer than the orphan grace ago (`$3` ms).
 macro_rules! orphan_condition {
     () => {
-        "j.state = 'running' AND cardinality(j.attempted_by) > 0 \
-         AND j.attempted_by[cardinality(j.attempted_by)] = $1 \
-         AND NOT (j.id = ANY($2)) \
-         AND j.attempted_at < now() - $3 * interval '1 millisecond'"
+        concat!(
+            running_for_worker!("$1"),
+            " AND NOT (j.id = ANY($2)) \
+             AND j.attempted_at < now() - $3 * interval '1 millisecond'"
+        )
     };
 }
 
@@ -189,9 +201,9 @@ const HAND_BACK_ORPHANS_SQL: &str = concat!(
 /// attempt, `available` otherwise ([`decide_used_attempt!`]), as the rescue does.
 const HAND_BACK_UNSAVED_SQL: &str = concat!(
     decide_used_attempt!(),
-    "j.id = $2 AND j.attempted_at IS NOT DISTINCT FROM $3 AND j.state = 'running' \
-       AND cardinality(j.attempted_by) > 0 AND j.attempted_by[cardinality(j.attempted_by)] = $1 \
-     FOR UPDATE OF j) \
+    "j.id = $2 AND j.attempted_at IS NOT DISTINCT FROM $3 AND ",
+    running_for_worker!("$1"),
+    " FOR UPDATE OF j) \
      UPDATE fairlane_job j SET ",
     end_used_attempt!(),
     ", errors = j.errors || jsonb_build_array(jsonb_build_object( \
