@@ -292,9 +292,24 @@ async fn ensure_template() -> String {
 }
 
 /// The isolation level a new transaction on `pool` runs at (`read committed`, …).
-pub async fn isolation_of(pool: &PgPool) -> String {
+async fn isolation_of(pool: &PgPool) -> String {
     sqlx::query_scalar("SHOW transaction_isolation")
         .fetch_one(pool)
         .await
         .expect("SHOW transaction_isolation")
+}
+
+/// Asserts that the pools `build` makes on a database whose default isolation is `repeatable
+/// read` run READ COMMITTED all the same, while a plain pool on it gets the default.
+pub async fn assert_pools_pin_read_committed(build: impl FnOnce(&TestDb) -> Vec<PgPool>) {
+    let db = TestDb::new().await;
+    db.set_default_isolation("repeatable read").await;
+    for pool in build(&db) {
+        assert_eq!(isolation_of(&pool).await, "read committed");
+    }
+    assert_eq!(
+        isolation_of(&db.pool_with(1).await).await,
+        "repeatable read",
+        "the database's default applies without the settings"
+    );
 }
