@@ -52,6 +52,10 @@ pub struct WebConfig {
     pub http_header_read_timeout: Duration,
     /// Connections open at once; further ones wait in the listen backlog.
     pub http_max_connections: usize,
+    /// Proxies whose `X-Forwarded-For` names the client (comma-separated addresses and ranges,
+    /// `10.0.0.0/8, fd00::/8`); empty: the TCP peer is the client. See
+    /// [`crate::client_addr::TrustedProxies::client`].
+    pub http_trusted_proxies: String,
     /// Cap on resolving a branch or tag to a commit (`git ls-remote`), DNS included.
     #[serde(with = "humantime_serde")]
     pub resolve_timeout: Duration,
@@ -92,6 +96,7 @@ impl Default for WebConfig {
             http_body_limit: 16 * 1024,
             http_header_read_timeout: Duration::from_secs(75),
             http_max_connections: 4096,
+            http_trusted_proxies: String::new(),
             resolve_timeout: Duration::from_secs(10),
             resolve_concurrency: 8,
             enqueue_batch_max: 64,
@@ -174,6 +179,7 @@ impl WebConfig {
                 self.ratelimit_deadline, self.http_request_timeout
             ));
         }
+        self.trusted_proxies()?;
         if self.http_body_limit == 0 {
             return Err("HTTP_BODY_LIMIT must be at least 1 byte".to_owned());
         }
@@ -205,6 +211,12 @@ impl WebConfig {
         }
         self.quota.validate().map_err(|e| e.0)?;
         self.telemetry.validate()
+    }
+
+    /// `HTTP_TRUSTED_PROXIES`, parsed; the error names the variable and the entry.
+    pub fn trusted_proxies(&self) -> Result<crate::client_addr::TrustedProxies, String> {
+        crate::client_addr::TrustedProxies::parse(&self.http_trusted_proxies)
+            .map_err(|e| format!("HTTP_TRUSTED_PROXIES: {e}"))
     }
 
     /// Refuses a pool of no connections (sqlx panics on one).
@@ -411,6 +423,10 @@ mod tests {
                 format!("{name} must be longer than zero")
             );
         }
+        assert_eq!(
+            refused(&[("HTTP_TRUSTED_PROXIES", "10.0.0.0/8, ingress")]),
+            "HTTP_TRUSTED_PROXIES: `ingress` is not an IP address"
+        );
         assert_eq!(
             refused(&[("HTTP_BODY_LIMIT", "0")]),
             "HTTP_BODY_LIMIT must be at least 1 byte"

@@ -9,6 +9,7 @@ pub mod admin;
 pub mod auth;
 pub mod batch;
 pub mod cli;
+pub mod client_addr;
 pub mod commit_claim;
 pub mod config;
 pub mod docs;
@@ -222,6 +223,7 @@ pub fn build_state(
         url_policy,
         resolve_limits,
         resolves: Arc::new(tokio::sync::Semaphore::new(config.resolve_concurrency)),
+        trusted_proxies: config.trusted_proxies().map_err(anyhow::Error::msg)?,
         admin_token: config.admin_token.clone(),
         request_duration,
         docs_html: docs::render(&doc),

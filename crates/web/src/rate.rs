@@ -2,7 +2,7 @@
 //! (user, tier or `anonymous`, client address, route template, method, key id), refuses with a
 //! 429 `rate_limited` problem, and puts the limit headers on every limited route's response.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use axum::extract::{ConnectInfo, MatchedPath, Request, State};
 use axum::middleware::Next;
@@ -17,7 +17,7 @@ use crate::state::AppState;
 /// The request as the limiter sees it.
 pub fn describe(
     identity: Option<&Identity>,
-    remote: Option<SocketAddr>,
+    remote: Option<IpAddr>,
     route: &str,
     method: &str,
 ) -> RateLimitRequest {
@@ -25,7 +25,7 @@ pub fn describe(
         .with(DescriptorKey::Route, route)
         .with(DescriptorKey::Method, method);
     if let Some(addr) = remote {
-        request.set(DescriptorKey::RemoteAddress, addr.ip().to_string());
+        request.set(DescriptorKey::RemoteAddress, addr.to_string());
     }
     match identity {
         Some(Identity::User(user)) => {
@@ -110,7 +110,9 @@ fn apply(headers: &mut HeaderMap, list: Vec<(HeaderName, String)>) {
     }
 }
 
-/// Middleware: runs after [`crate::auth::authenticate`].
+/// Middleware: runs after [`crate::auth::authenticate`]. The client's address is the TCP peer's,
+/// or the one its `X-Forwarded-For` names when the peer is a trusted proxy
+/// ([`crate::client_addr::TrustedProxies::client`]).
 pub async fn limit(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let Some(limiter) = state.limiter.as_ref() else {
         return next.run(req).await;
@@ -122,7 +124,7 @@ pub async fn limit(State(state): State<AppState>, req: Request, next: Next) -> R
     let remote = req
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
-        .map(|c| c.0);
+        .map(|c| state.trusted_proxies.client(c.0, req.headers()));
     let request = describe(
         req.extensions().get::<Identity>(),
         remote,
@@ -182,7 +184,7 @@ mod tests {
             tier: common::Tier::ProPlus,
             key_id: "00112233aabbccdd".into(),
         });
-        let addr: SocketAddr = "10.1.2.3:4567".parse().unwrap();
+        let addr: IpAddr = "10.1.2.3".parse().unwrap();
         let r = describe(Some(&user), Some(addr), "/v1/jobs/{id}", "GET");
         assert_eq!(r.get(DescriptorKey::Tier), Some("pro_plus"));
         assert_eq!(r.get(DescriptorKey::ApiKey), Some("00112233aabbccdd"));
@@ -212,7 +214,7 @@ mod tests {
              \x20   value: 198.51.100.7\n\
              \x20   rate_limit: {unit: hour, requests_per_unit: 0}\n",
         );
-        let addr: SocketAddr = "198.51.100.7:4567".parse().unwrap();
+        let addr: IpAddr = "198.51.100.7".parse().unwrap();
         let outcome = limiter
             .check(&describe(None, Some(addr), "/v1/usage", "GET"))
             .await;
@@ -246,7 +248,7 @@ mod tests {
              \x20   rate_limit: {unit: minute, requests_per_unit: 1}\n\
              \x20   shadow_mode: true\n",
         );
-        let addr: SocketAddr = "192.0.2.9:4567".parse().unwrap();
+        let addr: IpAddr = "192.0.2.9".parse().unwrap();
         let request = describe(None, Some(addr), "/v1/usage", "GET");
         limiter.check(&request).await;
         let outcome = limiter.check(&request).await;

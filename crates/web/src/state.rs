@@ -29,6 +29,8 @@ pub struct Inner {
     pub resolve_limits: inventory::Limits,
     /// `git ls-remote` runs at once (`RESOLVE_CONCURRENCY`); more requests wait for a permit.
     pub resolves: Arc<tokio::sync::Semaphore>,
+    /// Whose `X-Forwarded-For` names the client the rate limiter sees (`HTTP_TRUSTED_PROXIES`).
+    pub trusted_proxies: crate::client_addr::TrustedProxies,
     pub admin_token: Option<String>,
     pub request_duration: Histogram<f64>,
     pub openapi_json: String,

@@ -1,6 +1,7 @@
 //! Rate limiting through the HTTP API: limit headers on allowed responses, a complete 429 when
 //! over, anonymous callers limited per address, and two `web` processes sharing Redis never
-//! letting one user through more often than the limit.
+//! letting one user through more often than the limit; behind trusted proxies, each forwarded
+//! client limited on its own.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -99,6 +100,47 @@ async fn headers_on_allowed_responses_and_a_complete_429() {
             200
         );
     }
+    s.stop().await;
+}
+
+/// An anonymous `GET /v1/usage` that says it was forwarded for `chain`; its status.
+async fn forwarded(s: &TestServer, chain: Option<&str>) -> u16 {
+    let headers: Vec<(&str, &str)> = chain.map(|c| ("x-forwarded-for", c)).into_iter().collect();
+    s.http
+        .send(Method::GET, "/v1/usage", &headers, None)
+        .await
+        .status
+        .as_u16()
+}
+
+#[tokio::test]
+async fn behind_a_trusted_proxy_each_forwarded_client_has_its_own_budget() {
+    let db = TestDb::new().await;
+    let mut c = config(&db);
+    c.ratelimit_enabled = true;
+    c.ratelimit_rules = rules(100, 2).display().to_string();
+    c.http_trusted_proxies = "127.0.0.1, ::1".into();
+    let s = TestServer::start(c.clone()).await;
+    assert_eq!(forwarded(&s, Some("203.0.113.1")).await, 401);
+    assert_eq!(forwarded(&s, Some("203.0.113.1")).await, 401);
+    assert_eq!(forwarded(&s, Some("203.0.113.1")).await, 429);
+    // Another client behind the same proxy has its own budget …
+    assert_eq!(forwarded(&s, Some("203.0.113.2")).await, 401);
+    // … and a client cannot pick one: what it wrote itself is left of what the proxy appended.
+    assert_eq!(forwarded(&s, Some("198.51.100.9, 203.0.113.1")).await, 429);
+    // Through two proxies of ours (both trusted), the client is still the one they name.
+    assert_eq!(forwarded(&s, Some("203.0.113.1, 127.0.0.1")).await, 429);
+    // The proxy's own requests (no header) count for the proxy.
+    assert_eq!(forwarded(&s, None).await, 401);
+    s.stop().await;
+
+    // Trusting no one (the default), the header is ignored: every request is the peer's.
+    c.http_trusted_proxies = String::new();
+    c.ratelimit_rules = rules(100, 2).display().to_string();
+    let s = TestServer::start(c).await;
+    assert_eq!(forwarded(&s, Some("203.0.113.1")).await, 401);
+    assert_eq!(forwarded(&s, Some("203.0.113.2")).await, 401);
+    assert_eq!(forwarded(&s, Some("203.0.113.3")).await, 429);
     s.stop().await;
 }
 
