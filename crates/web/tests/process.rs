@@ -1,4 +1,5 @@
-//! The `web` binary as a process: graceful shutdown on SIGTERM with a request in flight, trace
+//! The `web` binary as a process: graceful shutdown on SIGTERM with a request in flight (and a
+//! second SIGTERM that ends the drain at once), trace
 //! context carried into the enqueued job, and the `migrate` and `admin` subcommands.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -29,18 +30,23 @@ fn web(db: &TestDb, args: &[&str]) -> (bool, Value, String) {
     )
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_finishes_the_request_in_flight_and_exits_zero() {
-    let db = TestDb::new().await;
-    let (mut child, http) = spawn_web(&db, &[]).await;
+/// A web process with a `POST /v1/analyses` blocked inside its transaction (the user's row held
+/// by `blocker`), after SIGTERM: it has stopped accepting connections and is draining.
+struct Draining {
+    child: testkit::process::ChildProcess,
+    blocker: sqlx::Transaction<'static, sqlx::Postgres>,
+    request: tokio::task::JoinHandle<Result<support::Resp, String>>,
+}
+
+async fn draining_with_a_request_in_flight(db: &TestDb) -> Draining {
+    let (mut child, http) = spawn_web(db, &[]).await;
     let (user, key) = user_with_key(&db.pool, "pro").await;
     // Hold the user's row so the request blocks inside its transaction.
     let blocker = hold_user_row(&db.pool, user).await;
     let request = {
         let http = http.clone();
-        let key = key.clone();
         tokio::spawn(async move {
-            http.post_json("/v1/analyses", &key, &analysis_body(1))
+            http.try_post_json("/v1/analyses", &key, &analysis_body(1))
                 .await
         })
     };
@@ -74,13 +80,52 @@ async fn sigterm_finishes_the_request_in_flight_and_exits_zero() {
         child.is_running(),
         "web must wait for the request in flight"
     );
+    Draining {
+        child,
+        blocker,
+        request,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_finishes_the_request_in_flight_and_exits_zero() {
+    let db = TestDb::new().await;
+    let Draining {
+        mut child,
+        blocker,
+        request,
+    } = draining_with_a_request_in_flight(&db).await;
     blocker.rollback().await.unwrap();
-    let response = request.await.unwrap();
+    let response = request.await.unwrap().unwrap();
     assert_eq!(response.status, 202, "{}", response.text());
     let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
         .await
         .expect("web did not exit");
     assert!(status.success(), "exit status {status:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigterm_exits_at_once_and_the_request_in_flight_changes_nothing() {
+    use std::os::unix::process::ExitStatusExt;
+    let db = TestDb::new().await;
+    let Draining {
+        mut child,
+        blocker,
+        request,
+    } = draining_with_a_request_in_flight(&db).await;
+    // The drain would wait for the request up to HTTP_REQUEST_TIMEOUT (30 s); a second SIGTERM
+    // ends it now.
+    child.signal(nix::sys::signal::Signal::SIGTERM);
+    let status = tokio::time::timeout(Duration::from_secs(5), child.wait())
+        .await
+        .expect("web still draining 5 s after a second SIGTERM");
+    assert_eq!(status.code(), Some(128 + 15), "exit status {status:?}");
+    assert_eq!(status.signal(), None, "{status:?}");
+    let answer = request.await.unwrap();
+    assert!(answer.is_err(), "the client got an answer: {answer:?}");
+    // Its transaction died with the process: once the lock is free, nothing was written.
+    blocker.rollback().await.unwrap();
+    assert_eq!(support::written_rows(&db.pool).await, [0; 5]);
 }
 
 #[tokio::test]

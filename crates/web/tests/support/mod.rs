@@ -142,8 +142,15 @@ impl Http {
     }
 
     pub async fn post_json(&self, path: &str, key: &str, body: &Value) -> Resp {
+        self.try_post_json(path, key, body)
+            .await
+            .unwrap_or_else(|e| panic!("request failed: {e}"))
+    }
+
+    /// [`Http::post_json`] that reports connection errors instead of panicking.
+    pub async fn try_post_json(&self, path: &str, key: &str, body: &Value) -> Result<Resp, String> {
         let auth = format!("Bearer {key}");
-        self.send(
+        self.try_send(
             Method::POST,
             path,
             &[
