@@ -245,29 +245,6 @@ async fn a_redis_slower_to_connect_than_the_deadline_is_still_reached() {
     assert_limited_by_redis(&limiter, "connected").await;
 }
 
-/// A TCP proxy whose upstream can be switched, as a DNS name or Service that a failover points
-/// at the new primary: connections made after the switch go to the new upstream, those made
-/// before stay on the old one. Returns its URL and the upstream's `host:port` to switch.
-async fn switchable_proxy(upstream: String) -> (String, Arc<std::sync::Mutex<String>>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let address = listener.local_addr().expect("address");
-    let target = Arc::new(std::sync::Mutex::new(upstream));
-    let current = Arc::clone(&target);
-    tokio::spawn(async move {
-        while let Ok((mut inbound, _)) = listener.accept().await {
-            let upstream = current.lock().expect("target").clone();
-            tokio::spawn(async move {
-                if let Ok(mut outbound) = tokio::net::TcpStream::connect(&upstream).await {
-                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
-                }
-            });
-        }
-    });
-    (format!("redis://{address}"), target)
-}
-
 /// A failover that demotes the old primary without closing its clients' connections (a manual
 /// switchover, some managed services): the limiter's connection now reaches a replica, and every
 /// script fails with `READONLY`. It drops that connection, and the next one reaches the new
@@ -276,8 +253,13 @@ async fn switchable_proxy(upstream: String) -> (String, Arc<std::sync::Mutex<Str
 async fn a_primary_demoted_to_replica_is_left_for_the_new_primary() {
     let old_primary = PrivateRedis::start();
     let new_primary = PrivateRedis::start();
-    let (url, target) = switchable_proxy(format!("127.0.0.1:{}", old_primary.port)).await;
-    let limiter = limiter_at(url, FailureMode::FallbackToMemory);
+    // The address a failover points at the new primary: connections made after the switch go
+    // there, those made before stay on the old one.
+    let proxy = testkit::proxy::TcpProxy::start(format!("127.0.0.1:{}", old_primary.port)).await;
+    let limiter = limiter_at(
+        format!("redis://{}", proxy.addr()),
+        FailureMode::FallbackToMemory,
+    );
     assert_limited_by_redis(&limiter, "before").await;
 
     let client = redis::Client::open(old_primary.url()).expect("url");
@@ -291,7 +273,7 @@ async fn a_primary_demoted_to_replica_is_left_for_the_new_primary() {
         .query_async(&mut old)
         .await
         .expect("REPLICAOF");
-    *target.lock().expect("target") = format!("127.0.0.1:{}", new_primary.port);
+    proxy.forward_to(format!("127.0.0.1:{}", new_primary.port));
 
     wait_for_recovery(&limiter).await;
     assert_limited_by_redis(&limiter, "after").await;

@@ -9,6 +9,7 @@ pub mod git_fixture;
 pub mod plan;
 pub mod poll;
 pub mod process;
+pub mod proxy;
 
 pub use poll::eventually;
 
@@ -85,6 +86,23 @@ impl TestDb {
     /// A URL for this database, for child processes.
     pub fn url(&self) -> String {
         let mut url = self.options.to_url_lossy();
+        url.set_path(&format!("/{}", self.name));
+        url.to_string()
+    }
+
+    /// The server's `host:port`, for a proxy in front of it.
+    pub fn server_address(&self) -> String {
+        format!("{}:{}", self.options.get_host(), self.options.get_port())
+    }
+
+    /// [`TestDb::url`] through `proxy` (a [`proxy::TcpProxy`]'s address) instead of the server.
+    pub fn url_through(&self, proxy: std::net::SocketAddr) -> String {
+        let mut url = self
+            .options
+            .clone()
+            .host(&proxy.ip().to_string())
+            .port(proxy.port())
+            .to_url_lossy();
         url.set_path(&format!("/{}", self.name));
         url.to_string()
     }
