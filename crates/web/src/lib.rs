@@ -85,6 +85,7 @@ fn quota_problem_at(e: quota::QuotaError, now: chrono::DateTime<chrono::Utc>) ->
         quota::QuotaError::UnknownUser(_) => {
             Problem::unauthorized("the API key's user no longer exists")
         }
+        quota::QuotaError::Database(e) => Problem::from(e),
         other => Problem::internal(&other),
     }
 }

@@ -121,9 +121,10 @@ fn add_errors(path: &str, method: &str, op: &mut Operation) {
             "503",
             "The request could not be finished: it took too long (`timeout`, rolled back; \
              `timeout_outcome_unknown`, it may have taken effect), the data it needs was held \
-             too long (`database_busy`), its commit failed (`commit_outcome_unknown`), or, for \
-             an analysis served from the cache, the copy was saved and reading it back failed \
-             (`committed_unread`)",
+             too long (`database_busy`), the database could not be reached \
+             (`database_unavailable`, nothing changed), its commit failed or the connection was \
+             lost during an admin write (`commit_outcome_unknown`), or, for an analysis served \
+             from the cache, the copy was saved and reading it back failed (`committed_unread`)",
             false,
         );
     }

@@ -102,6 +102,11 @@ pub const CODES: &[(&str, u16, &str)] = &[
         503,
         "The data this request needs is held by another session too long; nothing was changed",
     ),
+    (
+        "database_unavailable",
+        503,
+        "The database could not be reached, or the connection to it was lost; nothing was changed",
+    ),
     ("internal", 500, "An unexpected error on the server"),
 ];
 
@@ -284,6 +289,17 @@ impl Problem {
         )
         .header(http::header::RETRY_AFTER, HeaderValue::from_static("1"))
     }
+
+    /// The database is out of reach (no connection within the pool's wait, a refused or lost
+    /// one) for a request that changed nothing: a read, or a transaction that rolled back.
+    pub fn database_unavailable() -> Self {
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "database_unavailable",
+            "the database could not be reached; nothing was changed, retry shortly",
+        )
+        .header(http::header::RETRY_AFTER, HeaderValue::from_static("5"))
+    }
 }
 
 /// Whether `e` is PostgreSQL cancelling a statement for waiting on a lock (55P03) or running
@@ -294,13 +310,18 @@ fn kept_waiting(e: &sqlx::Error) -> bool {
         .is_some_and(|code| code == "55P03" || code == "57014")
 }
 
-/// Errors before a commit: a cancelled statement is `database_busy`, anything else `internal`.
-/// (At a commit nothing is known: see the enqueue batch's own answer.)
+/// Errors of a read, or of a transaction before its commit: a cancelled statement is
+/// `database_busy`, a failed or refused connection `database_unavailable` (the transaction, if
+/// any, rolled back with it), anything else `internal`. (At a commit, or in an autocommit write,
+/// nothing is known: see the enqueue batch's and the admin writes' own answers.)
 impl From<sqlx::Error> for Problem {
     fn from(e: sqlx::Error) -> Self {
         if kept_waiting(&e) {
             tracing::warn!(error = %e, "a statement was cancelled for waiting too long");
             Problem::database_busy()
+        } else if queue::error::is_connection_error(&e) {
+            tracing::warn!(error = %e, "the database could not be reached");
+            Problem::database_unavailable()
         } else {
             Problem::internal(&e)
         }
@@ -309,7 +330,10 @@ impl From<sqlx::Error> for Problem {
 
 impl From<queue::QueueError> for Problem {
     fn from(e: queue::QueueError) -> Self {
-        Problem::internal(&e)
+        match e {
+            queue::QueueError::Database(e) => e.into(),
+            e => Problem::internal(&e),
+        }
     }
 }
 

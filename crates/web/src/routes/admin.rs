@@ -20,7 +20,22 @@ impl From<AdminError> for Problem {
         match e {
             AdminError::Invalid(m) => Problem::validation(m),
             AdminError::NotFound(m) => Problem::not_found(m),
-            AdminError::Database(e) => Problem::internal(&e),
+            // Every admin route writes with autocommit statements: a connection lost while one
+            // was in flight leaves its effect unknown; one never had (the pool's wait ran out)
+            // changed nothing.
+            AdminError::Database(e @ (sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed)) => {
+                Problem::from(e)
+            }
+            AdminError::Database(e) if queue::error::is_connection_error(&e) => {
+                tracing::warn!(error = %e, "the connection was lost during an admin write");
+                Problem::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "commit_outcome_unknown",
+                    "the connection to the database was lost while the change was being made; \
+                     it may have taken effect: look before sending it again",
+                )
+            }
+            AdminError::Database(e) => Problem::from(e),
             AdminError::Randomness(e) => Problem::internal(&e),
         }
     }
