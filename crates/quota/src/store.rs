@@ -482,15 +482,23 @@ impl Reservation {
     /// From then on it lives exactly as long as the job is not final. A reservation already
     /// linked, or past its expiry, is refused ([`QuotaError::UnknownReservation`]): once expired
     /// it stopped counting and its units may have been granted to others, so linking it would
-    /// count them twice.
+    /// count them twice. Expiry is judged by the clock after the user's row is locked (as a check
+    /// locks it), not at the transaction's start: a check that ran after the reservation expired
+    /// but before this link may already have granted its units.
     pub async fn attach_job(
         &self,
         conn: &mut PgConnection,
         job_id: JobId,
     ) -> Result<(), QuotaError> {
+        // Against checks of this user, in the order they lock; the next statement's snapshot
+        // sees whatever a check before it committed.
+        sqlx::query("SELECT FROM users WHERE id = $1 FOR NO KEY UPDATE")
+            .bind(self.user_id)
+            .execute(&mut *conn)
+            .await?;
         let updated = sqlx::query(
             "UPDATE quota_reservations SET job_id = $2 \
-             WHERE id = $1 AND job_id IS NULL AND expires_at > now()",
+             WHERE id = $1 AND job_id IS NULL AND expires_at > clock_timestamp()",
         )
         .bind(self.id)
         .bind(job_id)

@@ -1065,6 +1065,63 @@ async fn the_daily_totals_migration_fills_them_from_the_events_already_billed() 
     );
 }
 
+/// A transaction that began while a reservation still counted cannot link it once it has
+/// expired: a check in between no longer counted it and granted its units to another request,
+/// so linking it would count them twice. Expiry is judged by the clock when the link is made,
+/// under the user's lock, not at the linking transaction's start.
+#[tokio::test]
+async fn a_reservation_that_expires_while_its_transaction_runs_cannot_be_attached() {
+    let db = TestDb::new().await;
+    let quota = Quota::new(QuotaConfig {
+        quota_analysis_pro_limit: 1,
+        ..QuotaConfig::default()
+    })
+    .unwrap();
+    let user = user(&db.pool, "pro").await;
+    let mut tx = db.pool.begin().await.unwrap();
+    let reservation = quota
+        .reserve(&mut tx, user, Service::Analysis, Utc::now())
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    sqlx::query(
+        "UPDATE quota_reservations SET expires_at = clock_timestamp() + interval '1 second'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    // The linking transaction starts while the reservation counts …
+    let mut linking = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT now()")
+        .execute(&mut *linking)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // … and after it expired, a check grants its unit to another request.
+    let mut tx = db.pool.begin().await.unwrap();
+    let grant = quota
+        .check(&mut tx, user, Service::Analysis, Utc::now())
+        .await
+        .unwrap();
+    grant.reserve(&mut tx, Some(2)).await.unwrap();
+    tx.commit().await.unwrap();
+    let attached = reservation.attach_job(&mut linking, 1).await;
+    linking.commit().await.unwrap();
+    assert!(
+        matches!(attached, Err(QuotaError::UnknownReservation(_))),
+        "{attached:?}"
+    );
+    let (reserved,): (i64,) = sqlx::query_as(
+        "SELECT coalesce(sum(reserved), 0)::bigint FROM quota_reserved_totals WHERE user_id = $1",
+    )
+    .bind(user)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(reserved, 1, "more reserved than the limit of 1");
+    assert_totals_exact(&db.pool).await;
+}
+
 /// A reservation links to one job, and only while it still counts: one that expired may have
 /// had its units granted to others, so linking it would count them twice.
 #[tokio::test]
