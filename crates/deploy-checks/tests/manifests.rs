@@ -514,6 +514,36 @@ fn web_reads_its_rate_limit_rules_from_a_mounted_config_map_folder_that_updates_
     );
 }
 
+/// A Kubernetes quantity of bytes (`6Gi`, `512M`, `1024`).
+fn quantity_bytes(text: &str) -> u64 {
+    let units: [(&str, u64); 8] = [
+        ("Ki", 1 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("Ti", 1 << 40),
+        ("k", 1_000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+        ("T", 1_000_000_000_000),
+    ];
+    let (digits, factor) = units
+        .iter()
+        .find_map(|(suffix, factor)| text.strip_suffix(suffix).map(|d| (d, *factor)))
+        .unwrap_or((text, 1));
+    digits
+        .parse::<u64>()
+        .unwrap_or_else(|e| panic!("{text:?} is not a quantity of bytes: {e}"))
+        * factor
+}
+
+#[test]
+fn quantities_read_as_kubernetes_reads_them() {
+    assert_eq!(quantity_bytes("6Gi"), 6 << 30);
+    assert_eq!(quantity_bytes("256Mi"), 256 << 20);
+    assert_eq!(quantity_bytes("1G"), 1_000_000_000);
+    assert_eq!(quantity_bytes("1024"), 1024);
+}
+
 /// A duration as the services read it (`30s`, `1m`, `1500ms`).
 fn duration(text: &str) -> Duration {
     humantime::parse_duration(text)
@@ -622,6 +652,25 @@ fn deployments_have_probes_resources_budgets_graceful_shutdown_and_scaling() {
             assert!(
                 c["resources"]["limits"]["memory"].is_string(),
                 "{overlay} {name}: limits"
+            );
+            // The scheduler places pods by their requests only: a pod whose emptyDirs may fill
+            // to their size limits must request that much, or many land on one node and, under
+            // disk pressure, the kubelet evicts those furthest over their request first, without
+            // a drain (a full emptyDir evicts its pod the same way).
+            let scratch: u64 = pod["volumes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| v["emptyDir"]["sizeLimit"].as_str())
+                .map(quantity_bytes)
+                .sum();
+            let requested = c["resources"]["requests"]["ephemeral-storage"]
+                .as_str()
+                .map_or(0, quantity_bytes);
+            assert!(
+                requested >= scratch,
+                "{overlay} {name}: requests {requested} bytes of ephemeral storage, its emptyDirs \
+                 may hold {scratch}"
             );
             find("PodDisruptionBudget", name);
             let selector = &deployment["spec"]["selector"]["matchLabels"];
