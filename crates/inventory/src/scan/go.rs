@@ -157,13 +157,13 @@ fn function(
             );
         }
         (None, n) if has_go_prefix(n, "Benchmark") && testing_param(params, "B").is_some() => {
-            found.other.push(other(OtherKind::Benchmark));
+            found.push_other(other(OtherKind::Benchmark));
         }
         (None, n) if has_go_prefix(n, "Fuzz") && testing_param(params, "F").is_some() => {
-            found.other.push(other(OtherKind::Fuzz));
+            found.push_other(other(OtherKind::Fuzz));
         }
         (None, n) if has_go_prefix(n, "Example") && params.is_empty() => {
-            found.other.push(other(OtherKind::Example));
+            found.push_other(other(OtherKind::Example));
         }
         _ => {}
     }

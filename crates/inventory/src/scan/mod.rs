@@ -79,6 +79,12 @@ pub fn test_bytes(test: &TestCase) -> u64 {
         + test.display_name.as_deref().map_or(0, text)
 }
 
+/// The memory a Go benchmark, fuzz target or example takes in an inventory: its name, with a
+/// `String`'s own size, and the rest of the record.
+pub fn other_bytes(other: &OtherFunction) -> u64 {
+    (size_of::<OtherFunction>() + other.name.len()) as u64
+}
+
 /// The most memory the tests of one inventory may take ([`test_bytes`]): 64 MiB, a few times
 /// what the largest real repositories need, and well under PostgreSQL's limit for the `jsonb`
 /// that stores it. An analyzer runs several jobs at once.
@@ -146,8 +152,9 @@ pub(crate) struct Found {
     pub(crate) other: Vec<OtherFunction>,
 }
 
-/// The most tests recorded for one file; a scanner stops there. A crafted file could otherwise
-/// make the inventory, and the analyzer's memory, grow without bound.
+/// The most tests, and Go benchmarks, fuzz targets and examples, recorded for one file; a
+/// scanner stops there. A crafted file could otherwise make the inventory, and the analyzer's
+/// memory, grow without bound.
 pub const MAX_TESTS_PER_FILE: usize = 10_000;
 
 /// The longest name (test, suite, display name) recorded, in characters; longer ones are cut,
@@ -159,9 +166,21 @@ pub const MAX_NAME_CHARS: usize = 300;
 pub const MAX_SUITE_DEPTH: usize = 32;
 
 impl Found {
-    /// Whether the file's test cap is reached: the scanner stops.
+    /// Whether the file's cap ([`MAX_TESTS_PER_FILE`]) is reached: the scanner stops.
     pub(crate) fn is_full(&self) -> bool {
-        self.tests.len() >= MAX_TESTS_PER_FILE
+        self.tests.len() + self.other.len() >= MAX_TESTS_PER_FILE
+    }
+
+    /// Records a Go benchmark, fuzz target or example (nothing once the cap is reached), its name
+    /// capped.
+    pub(crate) fn push_other(&mut self, mut other: OtherFunction) {
+        if self.is_full() {
+            return;
+        }
+        if other.name.chars().count() > MAX_NAME_CHARS {
+            other.name = capped(&other.name);
+        }
+        self.other.push(other);
     }
 
     /// Records a test (nothing once the cap is reached), its names capped.
@@ -553,7 +572,12 @@ impl Walker<'_> {
         // A scanner bug on one odd file must not fail the whole analysis (and its retries).
         match std::panic::catch_unwind(|| scan_source(rel, kind, &source, fallback)) {
             Ok(found) => {
-                self.tests += found.iter().map(|f| f.tests.len() as u64).sum::<u64>();
+                // Benchmarks, fuzz targets and examples count like tests: each is an entry of
+                // the inventory as well.
+                self.tests += found
+                    .iter()
+                    .map(|f| (f.tests.len() + f.other.len()) as u64)
+                    .sum::<u64>();
                 if self.tests > self.options.max_tests {
                     return Err(ScanError::TooManyTests {
                         limit: self.options.max_tests,
@@ -561,8 +585,10 @@ impl Walker<'_> {
                 }
                 self.test_bytes += found
                     .iter()
-                    .flat_map(|f| &f.tests)
-                    .map(test_bytes)
+                    .map(|f| {
+                        f.tests.iter().map(test_bytes).sum::<u64>()
+                            + f.other.iter().map(other_bytes).sum::<u64>()
+                    })
                     .sum::<u64>();
                 if self.test_bytes > self.options.max_test_bytes {
                     return Err(ScanError::TooLarge {
@@ -690,6 +716,34 @@ mod tests {
         );
         let found = scan_source("x_test.go", SourceKind::Go, &go, Framework::Jest);
         assert_eq!(found[0].tests.len(), MAX_TESTS_PER_FILE);
+    }
+
+    /// Go benchmarks, fuzz targets and examples are entries of the inventory like tests: they
+    /// share the file's cap, and their names are cut like tests' names.
+    #[test]
+    fn go_benchmarks_fuzz_targets_and_examples_share_the_file_cap_and_the_name_cap() {
+        let go = format!(
+            "package x
+{}{}",
+            (0..MAX_TESTS_PER_FILE)
+                .map(|n| format!("func Example{n}() {{}}\nfunc Benchmark{n}(b *testing.B) {{}}\n"))
+                .collect::<String>(),
+            "func TestLate(t *testing.T) {}\n"
+        );
+        let found = scan_source("x_test.go", SourceKind::Go, &go, Framework::Jest);
+        let entries: usize = found.iter().map(|f| f.tests.len() + f.other.len()).sum();
+        assert_eq!(entries, MAX_TESTS_PER_FILE);
+
+        let long = "A".repeat(MAX_NAME_CHARS * 300);
+        let go =
+            format!("package x\nfunc Example{long}() {{}}\nfunc Fuzz{long}(f *testing.F) {{}}\n");
+        let found = scan_source("x_test.go", SourceKind::Go, &go, Framework::Jest);
+        let names: Vec<&str> = found[0].other.iter().map(|o| o.name.as_str()).collect();
+        assert_eq!(names.len(), 2);
+        for name in names {
+            assert_eq!(name.chars().count(), MAX_NAME_CHARS, "{}…", &name[..20]);
+            assert!(name.ends_with('…'));
+        }
     }
 
     #[test]

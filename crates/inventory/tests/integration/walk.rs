@@ -64,6 +64,41 @@ fn skips_excluded_folders_symlinks_and_oversized_files() {
     assert_stops_at_a_past_deadline(root);
 }
 
+/// Go benchmarks, fuzz targets and examples count towards the repository's caps like tests: a
+/// few files of tiny `func ExampleN() {}` lines used to pass every cap, however many they held.
+#[test]
+fn go_benchmarks_and_examples_count_towards_the_repository_caps() {
+    let dir = TempDir::new("walk-examples");
+    let source = format!(
+        "package p\n{}",
+        (0..4_000)
+            .map(|n| format!("func Example{n}() {{}}\nfunc Benchmark{n}(b *testing.B) {{}}\n"))
+            .collect::<String>()
+    );
+    for n in 0..3 {
+        write(dir.path(), &format!("p{n}/x_test.go"), &source);
+    }
+    let inventory = scan_tree(dir.path(), &ScanOptions::default()).unwrap();
+    assert_eq!(inventory.totals.overall.examples, 12_000);
+    assert_eq!(inventory.totals.overall.benchmarks, 12_000);
+    let few = ScanOptions {
+        max_tests: 20_000,
+        ..ScanOptions::default()
+    };
+    assert!(matches!(
+        scan_tree(dir.path(), &few),
+        Err(ScanError::TooManyTests { limit: 20_000 })
+    ));
+    let small = ScanOptions {
+        max_test_bytes: 1 << 20,
+        ..ScanOptions::default()
+    };
+    assert!(matches!(
+        scan_tree(dir.path(), &small),
+        Err(ScanError::TooLarge { limit: 1_048_576 })
+    ));
+}
+
 /// A scan of `root` whose deadline has passed stops with `TimedOut`.
 fn assert_stops_at_a_past_deadline(root: &std::path::Path) {
     let past_deadline = ScanOptions {
