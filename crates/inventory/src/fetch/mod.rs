@@ -397,6 +397,18 @@ fn classify_failure(stage: Stage, output: &GitOutput, git_ref: Option<&str>) -> 
     }
 }
 
+/// Whether a fetch of `commit` by its id failed because the server will not serve objects by id
+/// (unadvertised object, not our ref), the one failure that fetching by the ref's name can get
+/// past. Any other (the network, a server error, a shortage, a broken pack) is not a refusal:
+/// the name would fetch whatever it points to now, and the job would end for a moved ref when
+/// a retry by id would have worked.
+fn refused_the_id(output: &GitOutput, commit: &str) -> bool {
+    matches!(
+        classify_failure(Stage::Fetch, output, Some(commit)),
+        FetchError::RefNotFound { .. }
+    )
+}
+
 /// The last three non-empty lines of git's stderr, credentials redacted, at most 600 chars.
 fn last_lines(stderr: &str) -> String {
     let lines: Vec<&str> = stderr
@@ -611,6 +623,7 @@ async fn fetch_commit_until(
         .await?;
     if !fetched.success()
         && let Some(name) = &resolved.ref_name
+        && refused_the_id(&fetched, &resolved.commit)
     {
         // Some servers refuse fetching by object id; the ref name works everywhere.
         tracing::debug!(stderr = %fetched.stderr, "fetch by id refused, fetching by ref name");
@@ -867,6 +880,29 @@ mod tests {
         );
         assert!(matches!(dropped, FetchError::Git { .. }), "{dropped}");
         assert!(!dropped.is_permanent());
+    }
+
+    #[test]
+    fn only_a_server_refusing_the_id_sends_the_fetch_to_the_ref_name() {
+        let commit = "1d4f".repeat(10);
+        for refusal in [
+            format!("error: Server does not allow request for unadvertised object {commit}"),
+            format!("fatal: remote error: upload-pack: not our ref {commit}"),
+            format!("fatal: couldn't find remote ref {commit}"),
+        ] {
+            assert!(refused_the_id(&failed(&refusal), &commit), "{refusal}");
+        }
+        for passing in [
+            "fatal: unable to access 'https://git.example/o/r/': Connection reset by peer",
+            "error: RPC failed; HTTP 502 curl 22 The requested URL returned error: 502\n\
+             fatal: expected flush after ref listing",
+            "fatal: early EOF\nfatal: fetch-pack: invalid index-pack output",
+            "fatal: Out of memory, malloc failed (tried to allocate 300000001 bytes)",
+            "fatal: unable to access 'https://git.example/o/r/': Could not resolve host: git.example",
+            "fatal: repository 'https://git.example/o/r/' not found",
+        ] {
+            assert!(!refused_the_id(&failed(passing), &commit), "{passing}");
+        }
     }
 
     #[test]
