@@ -78,16 +78,21 @@ pub fn hooks() -> Vec<Arc<dyn TransitionHook>> {
     ]
 }
 
-/// Creates the work directory if needed (a directory that cannot be created is a configuration
-/// error, reported at start rather than by every job) and removes checkout folders left there by
+/// Creates the work directory if needed and checks that a checkout folder can be made in it (a
+/// directory that cannot be created or written is a configuration error, reported at start
+/// rather than by every job, each retried for hours), and removes checkout folders left there by
 /// processes that no longer run (a `kill -9`, an OOM kill, a node restart). Runs at start, before
 /// any job is fetched.
 pub async fn prepare_work_dir(settings: &AnalysisSettings) -> Result<(), WorkerError> {
     let root = settings.analyzer_work_dir.clone();
     let prepared = tokio::task::spawn_blocking(move || {
-        std::fs::create_dir_all(&root).map_err(|e| {
+        let unusable = |e: std::io::Error| {
             WorkerError::Config(format!("ANALYZER_WORK_DIR `{}`: {e}", root.display()))
-        })?;
+        };
+        std::fs::create_dir_all(&root).map_err(unusable)?;
+        // A checkout folder as a job makes one, removed at once: an existing folder owned by
+        // another user, or on a read-only mount, passes `create_dir_all`.
+        drop(inventory::fetch::WorkDir::create(&root).map_err(unusable)?);
         Ok::<_, WorkerError>(inventory::sweep_stale(&root))
     })
     .await

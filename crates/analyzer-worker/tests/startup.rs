@@ -104,6 +104,15 @@ async fn bad_settings_stop_the_start_with_one_line_and_write_nothing() {
     )
     .await;
 
+    // A work folder that exists but cannot hold a checkout (every job failed, and was retried
+    // for hours, after a start that looked healthy).
+    refused(
+        &db,
+        &[("ANALYZER_WORK_DIR", "/proc")],
+        "ANALYZER_WORK_DIR `/proc`: ",
+    )
+    .await;
+
     // A misspelt key in the config file.
     let dir = testkit::git_fixture::TempDir::new("analyzer-config");
     let file = dir.path().join("worker.toml");
