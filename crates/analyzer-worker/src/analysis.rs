@@ -118,21 +118,29 @@ impl AnalysisWorker {
             cancel: Some(Arc::clone(&stop.0)),
             ..limits.scan_options()
         };
-        let scan = tokio::task::spawn_blocking(move || {
-            let result = inventory::scan_tree(checkout.path(), &options);
-            // The folder is removed here, off the async workers, once the scan is done with it.
-            drop(checkout);
-            result
-        });
-        let inventory = match tokio::time::timeout(cap, scan).await {
-            Err(_) => {
+        let root = checkout.path().to_path_buf();
+        let scanned = within_cap(
+            cap,
+            move || inventory::scan_tree(&root, &options),
+            // The folder is removed there, off the async workers, once the scan is done with
+            // it; its removal (a large tree) is not the scan's time.
+            move || drop(checkout),
+        )
+        .await;
+        let inventory = match scanned {
+            // The cap passed while waiting, or the scan stopped itself at its deadline.
+            Err(Unfinished::TimedOut) | Ok(Err(ScanError::TimedOut)) => {
                 return Err(JobError::Cancel(format!(
                     "scanning the checkout for tests took longer than {cap:?}"
                 )));
             }
-            Ok(Err(join)) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
-            Ok(Err(join)) => return Err(JobError::msg(format!("the scan did not finish: {join}"))),
-            Ok(Ok(scanned)) => scanned.map_err(scan_failure)?,
+            Err(Unfinished::Failed(join)) if join.is_panic() => {
+                std::panic::resume_unwind(join.into_panic())
+            }
+            Err(Unfinished::Failed(join)) => {
+                return Err(JobError::msg(format!("the scan did not finish: {join}")));
+            }
+            Ok(scanned) => scanned.map_err(scan_failure)?,
         };
 
         let output = AnalysisOutput {
@@ -242,6 +250,40 @@ fn scan_failure(e: ScanError) -> JobError {
     }
 }
 
+/// Why [`within_cap`] gave no result.
+#[derive(Debug)]
+enum Unfinished {
+    /// The cap passed first.
+    TimedOut,
+    /// The work panicked, or its thread was cancelled.
+    Failed(tokio::task::JoinError),
+}
+
+/// Runs `work` on a blocking thread and waits at most `cap` for its result; `cleanup` runs on
+/// that thread once the result is handed over (or the work panicked), outside the cap.
+async fn within_cap<R: Send + 'static>(
+    cap: Duration,
+    work: impl FnOnce() -> R + Send + 'static,
+    cleanup: impl FnOnce() + Send + 'static,
+) -> Result<R, Unfinished> {
+    let (result_tx, result_rx) = tokio::sync::oneshot::channel();
+    let task = tokio::task::spawn_blocking(move || {
+        // Dropped while unwinding if `work` panics: the cleanup's captures go with it.
+        let cleanup = cleanup;
+        let _ = result_tx.send(work());
+        cleanup();
+    });
+    match tokio::time::timeout(cap, result_rx).await {
+        Err(_) => Err(Unfinished::TimedOut),
+        Ok(Ok(result)) => Ok(result),
+        // No result: the work panicked. Its thread is ending, so this wait is short.
+        Ok(Err(_)) => match task.await {
+            Err(join) => Err(Unfinished::Failed(join)),
+            Ok(()) => Err(Unfinished::TimedOut),
+        },
+    }
+}
+
 /// A flag set when dropped: the scan's [`inventory::ScanOptions::cancel`].
 #[derive(Default)]
 struct StopOnDrop(Arc<std::sync::atomic::AtomicBool>);
@@ -256,6 +298,49 @@ impl Drop for StopOnDrop {
 mod tests {
     use super::*;
     use records::WorkState;
+
+    /// The scan's cap counts the scan, not the removal of the checkout after it: a scan done in
+    /// time, followed by a removal longer than the cap, still has its result.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_cleanup_after_the_work_is_not_counted_in_its_cap() {
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let result = within_cap(
+            Duration::from_secs(2),
+            || 42,
+            move || {
+                std::thread::sleep(Duration::from_secs(4));
+                done_tx.send(()).unwrap();
+            },
+        )
+        .await;
+        assert_eq!(result.unwrap(), 42);
+        // The cleanup still runs to its end.
+        tokio::task::spawn_blocking(move || done_rx.recv().unwrap())
+            .await
+            .unwrap();
+
+        let slow = within_cap(
+            Duration::from_millis(100),
+            || std::thread::sleep(Duration::from_secs(1)),
+            || {},
+        )
+        .await;
+        assert!(matches!(slow, Err(Unfinished::TimedOut)), "{slow:?}");
+
+        let (dropped_tx, dropped_rx) = std::sync::mpsc::channel::<()>();
+        let panicked = within_cap(
+            Duration::from_secs(10),
+            || -> u8 { panic!("the scan broke") },
+            move || drop(dropped_tx),
+        )
+        .await;
+        match panicked {
+            Err(Unfinished::Failed(join)) => assert!(join.is_panic()),
+            other => panic!("{other:?}"),
+        }
+        // The cleanup's captures (the checkout) were dropped with the panic.
+        assert!(dropped_rx.recv().is_err());
+    }
 
     fn record(requested: Option<&str>, commit: Option<&str>) -> AnalysisRecord {
         AnalysisRecord {
