@@ -213,6 +213,48 @@ async fn heavy_a_worker_killed_mid_fetch_is_swept_at_restart_and_the_job_ends_cl
     web.stop().await;
 }
 
+/// An analysis job and its record written as an enqueuer that skipped the API's validation
+/// would: `requested_ref` and `commit` go into the record as they are. Returns the analysis and
+/// job ids.
+async fn enqueue_behind_the_api(
+    db: &TestDb,
+    user: Uuid,
+    repository: &str,
+    requested_ref: Option<&str>,
+    commit: &str,
+) -> (Uuid, i64) {
+    let analysis_id = Uuid::new_v4();
+    let args = AnalysisArgs {
+        user_id: Some(user),
+        analysis_id,
+        repository: repository.to_owned(),
+        git_ref: Some(requested_ref.unwrap_or(commit).to_owned()),
+    };
+    let mut tx = db.pool.begin().await.unwrap();
+    let inserted = queue::insert::insert(
+        &mut tx,
+        NewJob::new(select_queue(Service::Analysis, Tier::Pro, false), &args).unwrap(),
+    )
+    .await
+    .unwrap()
+    .job;
+    sqlx::query(
+        "INSERT INTO analyses (id, user_id, repository, requested_ref, commit, job_id) \
+         VALUES ($1, $2, $3, $4, $5, $6)",
+    )
+    .bind(analysis_id)
+    .bind(user)
+    .bind(repository)
+    .bind(requested_ref)
+    .bind(commit)
+    .bind(inserted.id)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    (analysis_id, inserted.id)
+}
+
 /// Spawns the worker with its logs (debug level, both streams) going to `log`.
 fn spawn_logged_worker(env: &[(String, String)], log: &std::path::Path) -> tokio::process::Child {
     let file = std::fs::File::create(log).unwrap();
@@ -262,33 +304,7 @@ async fn heavy_unfetchable_or_refused_repositories_fail_the_job_and_never_log_cr
     // in no error and no log line.
     let secret = "s3cr3t-t0ken-4711";
     let repository = format!("https://deploy:{secret}@git.example.com/org/repo.git");
-    let analysis_id = Uuid::new_v4();
-    let args = AnalysisArgs {
-        user_id: Some(user),
-        analysis_id,
-        repository: repository.clone(),
-        git_ref: Some(commit.clone()),
-    };
-    let mut tx = db.pool.begin().await.unwrap();
-    let inserted = queue::insert::insert(
-        &mut tx,
-        NewJob::new(select_queue(Service::Analysis, Tier::Pro, false), &args).unwrap(),
-    )
-    .await
-    .unwrap()
-    .job;
-    sqlx::query(
-        "INSERT INTO analyses (id, user_id, repository, commit, job_id) VALUES ($1, $2, $3, $4, $5)",
-    )
-    .bind(analysis_id)
-    .bind(user)
-    .bind(&repository)
-    .bind(&commit)
-    .bind(inserted.id)
-    .execute(&mut *tx)
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
+    let (analysis_id, job_id) = enqueue_behind_the_api(&db, user, &repository, None, &commit).await;
     let settled = api
         .wait_settled(&format!("/v1/analyses/{analysis_id}"), SETTLE)
         .await;
@@ -312,11 +328,46 @@ async fn heavy_unfetchable_or_refused_repositories_fail_the_job_and_never_log_cr
     assert!(status.success());
     let logged = std::fs::read_to_string(&log).unwrap();
     assert!(
-        logged.contains(&inserted.id.to_string()),
+        logged.contains(&job_id.to_string()),
         "the log should cover the job: {logged}"
     );
     assert!(!logged.contains(secret), "a credential reached the logs");
     assert!(!logged.contains("deploy:"), "a credential reached the logs");
+    web.stop().await;
+}
+
+/// A ref or commit written around the API never reaches git's command line as an option: a
+/// `requested_ref` of `--upload-pack=<command>` ran that command once the fetch by id failed and
+/// fell back to the ref name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heavy_a_ref_or_commit_that_git_would_read_as_an_option_is_refused() {
+    let db = TestDb::new().await;
+    let repo = GitFixture::new("option-ref");
+    repo.write("a_test.go", "package a\n");
+    repo.commit("a");
+    let work = TempDir::new("option-ref-work");
+    let marker = work.path().join("ran");
+    let web = Web::start(&db).await;
+    let (user, api) = web.user(&db.pool, "pro").await;
+    let mut worker = spawn_worker("analyzer", &worker_env(&db, work.path(), &[]));
+    let injected = format!("--upload-pack=touch {} #", marker.display());
+    let unknown_commit = "0123456789".repeat(4);
+    let dash_commit = format!("--upload-pack=touch {}", marker.display());
+    for (requested_ref, commit) in [
+        (Some(injected.as_str()), unknown_commit.as_str()),
+        (None, dash_commit.as_str()),
+    ] {
+        let (analysis_id, _) =
+            enqueue_behind_the_api(&db, user, &repo.url(), requested_ref, commit).await;
+        let settled = api
+            .wait_settled(&format!("/v1/analyses/{analysis_id}"), SETTLE)
+            .await;
+        assert_eq!(settled["state"], "failed", "{settled}");
+        let error = settled["error"].as_str().unwrap();
+        assert!(error.starts_with("invalid ref: "), "{error}");
+        assert!(!marker.exists(), "git ran the injected command");
+    }
+    assert!(worker.terminate(Duration::from_secs(30)).await.success());
     web.stop().await;
 }
 

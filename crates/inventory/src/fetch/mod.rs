@@ -397,6 +397,22 @@ fn classify_failure(stage: Stage, output: &GitOutput, git_ref: Option<&str>) -> 
     }
 }
 
+/// Refuses a [`ResolvedRef`] whose commit is not an object id, or whose ref name is neither
+/// `HEAD` nor a valid ref name, before either reaches git's command line: a caller may build one
+/// from stored data (the analyzer from a record), and a value starting with `-` would be read by
+/// `git fetch` as an option (`--upload-pack=…` runs a command).
+fn check_fetchable(resolved: &ResolvedRef) -> Result<(), FetchError> {
+    if !is_object_id(&resolved.commit) {
+        return Err(FetchError::InvalidRef {
+            reason: "the commit is not a 40- or 64-digit hexadecimal object id",
+        });
+    }
+    match resolved.ref_name.as_deref() {
+        None | Some("HEAD") => Ok(()),
+        Some(name) => validate_ref_name(name),
+    }
+}
+
 /// Whether a fetch of `commit` by its id failed because the server will not serve objects by id
 /// (unadvertised object, not our ref), the one failure that fetching by the ref's name can get
 /// past. Any other (the network, a server error, a shortage, a broken pack) is not a refusal:
@@ -556,6 +572,7 @@ async fn fetch_commit_until(
     limits: &Limits,
     deadline: Instant,
 ) -> Result<Checkout, FetchError> {
+    check_fetchable(resolved)?;
     let dir = WorkDir::create(&limits.work_root).map_err(|source| FetchError::Io {
         action: "create a temporary folder",
         source,
@@ -880,6 +897,34 @@ mod tests {
         );
         assert!(matches!(dropped, FetchError::Git { .. }), "{dropped}");
         assert!(!dropped.is_permanent());
+    }
+
+    #[test]
+    fn only_an_object_id_and_a_valid_ref_name_reach_gits_command_line() {
+        let resolved = |commit: &str, name: Option<&str>| ResolvedRef {
+            requested: None,
+            ref_name: name.map(str::to_owned),
+            commit: commit.to_owned(),
+        };
+        let sha = "a".repeat(40);
+        for fine in [None, Some("HEAD"), Some("main"), Some("refs/heads/main")] {
+            check_fetchable(&resolved(&sha, fine)).unwrap();
+        }
+        for (commit, name) in [
+            ("--upload-pack=touch /tmp/pwned #", None),
+            (sha.as_str(), Some("--upload-pack=touch /tmp/pwned #")),
+            (sha.as_str(), Some("-c")),
+            ("a".repeat(39).as_str(), None),
+            ("", None),
+        ] {
+            assert!(
+                matches!(
+                    check_fetchable(&resolved(commit, name)),
+                    Err(FetchError::InvalidRef { .. })
+                ),
+                "{commit:?} {name:?}"
+            );
+        }
     }
 
     #[test]
