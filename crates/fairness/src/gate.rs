@@ -11,7 +11,6 @@ use uuid::Uuid;
 
 use crate::config::FairnessConfig;
 use crate::decision;
-use crate::metrics::FairnessMetrics;
 use crate::store;
 
 /// Admits jobs within each user's limit, counted over all queues of one worker service.
@@ -21,7 +20,6 @@ pub struct FairnessGate {
     queues: Vec<String>,
     config: FairnessConfig,
     tier_limits: store::TierLimits,
-    metrics: FairnessMetrics,
 }
 
 impl FairnessGate {
@@ -34,7 +32,6 @@ impl FairnessGate {
             queues: queues.iter().map(ToString::to_string).collect(),
             config,
             tier_limits,
-            metrics: FairnessMetrics::new(),
         }
     }
 }
@@ -73,7 +70,6 @@ impl FetchGate for FairnessGate {
         // 2. Count under those locks: this statement sees every admission of these users
         //    committed before, and none can happen elsewhere until we commit.
         let counted = store::counts_and_tiers(conn, &self.queues, &users).await?;
-        self.record_running(&counted);
 
         // 3. Decide (pure).
         let running: HashMap<Uuid, u32> = counted.iter().map(|(u, (n, _))| (*u, *n)).collect();
@@ -84,18 +80,5 @@ impl FetchGate for FairnessGate {
             |user| config.limit(counted.get(user).map_or(Tier::Free, |(_, t)| *t)),
             limit,
         ))
-    }
-}
-
-impl FairnessGate {
-    /// Running jobs by tier among the users this fetch looked at.
-    fn record_running(&self, counted: &HashMap<Uuid, (u32, Tier)>) {
-        let mut by_tier: Vec<(Tier, u64)> = Tier::ALL.iter().map(|t| (*t, 0)).collect();
-        for (n, tier) in counted.values() {
-            if let Some(slot) = by_tier.iter_mut().find(|(t, _)| t == tier) {
-                slot.1 += u64::from(*n);
-            }
-        }
-        self.metrics.running(&self.service, &by_tier);
     }
 }

@@ -28,19 +28,19 @@
 pub mod config;
 pub mod decision;
 pub mod gate;
+pub mod gauges;
 pub mod hook;
 pub mod metrics;
 pub mod middleware;
 pub mod store;
 pub mod tiers;
-pub mod waiting;
 
 pub use config::FairnessConfig;
 pub use gate::FairnessGate;
+pub use gauges::FairnessGauges;
 pub use hook::FairnessHook;
 pub use middleware::FairnessMiddleware;
 pub use tiers::TierCache;
-pub use waiting::WaitingGauge;
 
 /// Failures of the fairness store.
 #[derive(Debug, thiserror::Error)]

@@ -1,14 +1,13 @@
-//! Fairness metrics: snoozes by tier (`fairlane_fairness_snoozes_total`) and running jobs by tier
-//! (`fairlane_fairness_running`, the fleet-wide count of the service, as seen by the last fetch).
+//! Fairness metrics recorded as things happen: snoozes by tier (`fairlane_fairness_snoozes_total`).
+//! The counted gauges (running and held-back jobs) are in [`crate::gauges`].
 
 use common::Tier;
 use opentelemetry::KeyValue;
-use opentelemetry::metrics::{Counter, Gauge};
+use opentelemetry::metrics::Counter;
 
 #[derive(Debug, Clone)]
 pub(crate) struct FairnessMetrics {
     snoozes: Counter<u64>,
-    running: Gauge<u64>,
 }
 
 impl FairnessMetrics {
@@ -24,29 +23,10 @@ impl FairnessMetrics {
         for tier in Tier::ALL {
             snoozes.add(0, &[KeyValue::new("tier", tier.as_str())]);
         }
-        FairnessMetrics {
-            snoozes,
-            running: meter
-                .u64_gauge("fairlane.fairness.running")
-                .with_unit("{job}")
-                .with_description("Running user jobs of the worker service, by tier (fleet-wide)")
-                .build(),
-        }
+        FairnessMetrics { snoozes }
     }
 
     pub(crate) fn snoozed(&self, tier: Tier) {
         self.snoozes.add(1, &[KeyValue::new("tier", tier.as_str())]);
-    }
-
-    pub(crate) fn running(&self, service: &str, by_tier: &[(Tier, u64)]) {
-        for (tier, n) in by_tier {
-            self.running.record(
-                *n,
-                &[
-                    KeyValue::new("tier", tier.as_str()),
-                    KeyValue::new("service", service.to_owned()),
-                ],
-            );
-        }
     }
 }

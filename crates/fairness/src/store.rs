@@ -143,6 +143,27 @@ pub async fn waiting_at_limit(
         .collect())
 }
 
+/// Running user jobs of `queues`, by the user's tier (read from the paid users only, ADR 0015:
+/// anyone else is free): the slots in use.
+pub async fn running_by_tier(
+    conn: &mut PgConnection,
+    queues: &[String],
+) -> Result<Vec<(Tier, i64)>, FairnessError> {
+    let rows: Vec<(Option<String>, i64)> = sqlx::query_as(
+        "SELECT u.tier::text, count(*) FROM fairlane_job j \
+         LEFT JOIN users u ON u.id = j.user_id AND u.tier <> 'free' \
+         WHERE j.state = 'running' AND j.user_id IS NOT NULL AND j.queue = ANY($1) \
+         GROUP BY u.tier",
+    )
+    .bind(queues)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(tier, n)| (Tier::resolve(tier.as_deref()), n))
+        .collect())
+}
+
 /// Locks up to `limit` candidates of `queue` (see [`CANDIDATES_SQL`]).
 pub async fn lock_candidates(
     conn: &mut PgConnection,

@@ -718,9 +718,9 @@ async fn the_gate_reads_every_tier_from_the_paid_users_and_counts_the_rest_as_fr
 
     // The jobs the gate holds back, as `fairlane_fairness_waiting` reports them: the waiting
     // job of each full user, under the tier the gate sees, in its queue; nothing else.
-    let gauge = fairness::WaitingGauge::register(Service::Analysis.as_str(), &queues);
-    gauge.refresh(&h.db.pool, &limits).await.unwrap();
-    let waiting = gauge.current();
+    let gauges = fairness::FairnessGauges::register(Service::Analysis.as_str(), &queues);
+    gauges.refresh(&h.db.pool, &limits).await.unwrap();
+    let waiting = gauges.waiting();
     let mut expected: BTreeMap<(String, Tier), i64> = BTreeMap::new();
     for &(_, tier, n, limit) in &users {
         if n >= limit {
@@ -738,4 +738,12 @@ async fn the_gate_reads_every_tier_from_the_paid_users_and_counts_the_rest_as_fr
         assert_eq!(*n, expected.get(key).copied().unwrap_or(0), "{key:?}");
     }
     assert_eq!(waiting.len(), queues.len() * Tier::ALL.len());
+
+    // The slots in use, as `fairlane_fairness_running` reports them: every running user job
+    // by its user's tier, those of users at their limit included.
+    let mut slots: BTreeMap<Tier, i64> = Tier::ALL.iter().map(|t| (*t, 0)).collect();
+    for &(_, tier, n, _) in &users {
+        *slots.entry(tier).or_insert(0) += i64::try_from(n).unwrap();
+    }
+    assert_eq!(gauges.running(), slots);
 }

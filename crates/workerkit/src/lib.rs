@@ -14,9 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{Lane, Service};
+use fairness::gauges::GAUGE_INTERVAL;
 use fairness::store::TierLimits;
-use fairness::waiting::WAITING_INTERVAL;
-use fairness::{FairnessGate, FairnessHook, FairnessMiddleware, TierCache, WaitingGauge};
+use fairness::{FairnessGate, FairnessGauges, FairnessHook, FairnessMiddleware, TierCache};
 use queue::{Client, Engine, TransitionHook, Workers};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -124,14 +124,15 @@ async fn run_engine(
     let mut hooks: Vec<Arc<dyn TransitionHook>> = vec![Arc::new(FairnessHook::new(&queues))];
     hooks.extend(spec.hooks);
     let client = Client::new(pool.clone()).with_hooks(hooks);
-    // Jobs held back by the limits, counted fleet-wide (`fairlane_fairness_waiting`).
+    // Jobs held back by the limits and slots in use, counted fleet-wide
+    // (`fairlane_fairness_waiting`, `fairlane_fairness_running`).
     let waiting_done = CancellationToken::new();
     let waiting = config.fairness.fairness_enabled.then(|| {
         let names: Vec<String> = queues.iter().map(ToString::to_string).collect();
-        tokio::spawn(WaitingGauge::register(spec.service.as_str(), &names).run(
+        tokio::spawn(FairnessGauges::register(spec.service.as_str(), &names).run(
             pool.clone(),
             TierLimits::from_config(&config.fairness),
-            WAITING_INTERVAL,
+            GAUGE_INTERVAL,
             waiting_done.clone(),
         ))
     });
