@@ -384,3 +384,62 @@ async fn idle_clients_cannot_take_the_descriptors_the_database_needs() {
     drop(idle);
     drop(child);
 }
+
+/// The process's peak resident memory so far (`VmHWM`), in bytes.
+fn peak_resident_bytes(pid: nix::unistd::Pid) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .map(|v| v.trim().parse().unwrap())
+        .expect("VmHWM in /proc/<pid>/status");
+    kib * 1024
+}
+
+/// A completed analysis's inventory is passed through as the stored text: reading one of 68 MB
+/// of JSON (400,000 tests) raises web's peak memory by about three times that (the connection's
+/// read buffer, the text, the body), where parsing it into a tree (a map per test) and
+/// serialising the tree again took seven times (485 MB), and a few concurrent reads of one large
+/// result could take gigabytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_result_is_served_without_parsing_it() {
+    let db = TestDb::new().await;
+    let (child, http) = spawn_web(&db, &[]).await;
+    let (user, key) = user_with_key(&db.pool, "pro").await;
+    let (id,): (uuid::Uuid,) = sqlx::query_as(
+        "INSERT INTO analyses (user_id, repository, commit, state, result, completed_at) \
+         SELECT $1, 'https://example.com/big.git', repeat('b', 40), 'completed', \
+                jsonb_build_object('files', jsonb_agg(jsonb_build_object('path', 'f' || f, \
+                  'tests', (SELECT jsonb_agg(jsonb_build_object('name', repeat('n', 150) || t, \
+                                                                'line', t)) \
+                            FROM generate_series(1, 1000) t)))), now() \
+         FROM generate_series(1, 400) f RETURNING id",
+    )
+    .bind(user)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let (stored,): (i64,) =
+        sqlx::query_as("SELECT length(result::text)::bigint FROM analyses WHERE id = $1")
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let stored = u64::try_from(stored).unwrap();
+    let before = peak_resident_bytes(child.pid());
+    let r = http.get(&format!("/v1/analyses/{id}"), &key).await;
+    assert_eq!(r.status, 200);
+    let body = r.json();
+    assert_eq!(body["result"]["files"].as_array().unwrap().len(), 400);
+    assert_eq!(
+        body["result"]["files"][399]["tests"][999]["line"], 1000,
+        "the inventory as stored"
+    );
+    let grown = peak_resident_bytes(child.pid()).saturating_sub(before);
+    eprintln!("stored {} MB, peak grew {} MB", stored >> 20, grown >> 20);
+    assert!(
+        grown < 4 * stored,
+        "reading {stored} bytes of result raised the peak by {grown} bytes"
+    );
+}

@@ -148,6 +148,31 @@ impl From<&JobRow> for JobView {
     }
 }
 
+/// A stored JSON document (`jsonb`, read as text) passed through as it is: an inventory of a
+/// large repository is tens of megabytes of JSON, and parsing it into a tree for each read (a map
+/// per test, several times the text's size) and serialising that again let a few concurrent
+/// reads of one large result take gigabytes.
+#[derive(Debug, Clone, Serialize)]
+#[serde(transparent)]
+pub struct StoredJson(Box<serde_json::value::RawValue>);
+
+impl sqlx::Type<sqlx::Postgres> for StoredJson {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        <String as sqlx::Type<sqlx::Postgres>>::type_info()
+    }
+
+    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+        <String as sqlx::Type<sqlx::Postgres>>::compatible(ty)
+    }
+}
+
+impl<'r> sqlx::Decode<'r, sqlx::Postgres> for StoredJson {
+    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        let text = <String as sqlx::Decode<sqlx::Postgres>>::decode(value)?;
+        Ok(StoredJson(serde_json::value::RawValue::from_string(text)?))
+    }
+}
+
 /// An analysis record.
 #[derive(Debug, Clone, Serialize, ToSchema, sqlx::FromRow)]
 pub struct AnalysisView {
@@ -168,7 +193,7 @@ pub struct AnalysisView {
     pub cached: bool,
     /// The test inventory, once completed (written by the analyzer).
     #[schema(value_type = Option<Object>)]
-    pub result: Option<serde_json::Value>,
+    pub result: Option<StoredJson>,
     pub error: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
@@ -188,15 +213,15 @@ impl From<String> for WorkState {
 /// else stores a copy too (`cached_from`), but it ran and was billed.
 pub const ANALYSIS_COLUMNS: &str = "id, repository, requested_ref, commit, state::text AS state, \
      job_id, cached_from IS NOT NULL AND job_id IS NULL AS cached, \
-     CASE WHEN state = 'completed' AND jsonb_typeof(result) = 'object' THEN result END AS result, \
-     error, created_at, updated_at, completed_at";
+     CASE WHEN state = 'completed' AND jsonb_typeof(result) = 'object' THEN result::text END \
+     AS result, error, created_at, updated_at, completed_at";
 
 /// [`ANALYSIS_COLUMNS`] with no result (`NULL`): for the enqueue batch's cache hits, whose
 /// inventories (megabytes for a large repository) are read after the commit, on the request's
 /// own task, not decoded on the batch thread while the batch holds its users' locks.
 pub const ANALYSIS_COLUMNS_WITHOUT_RESULT: &str = "id, repository, requested_ref, commit, \
      state::text AS state, job_id, cached_from IS NOT NULL AND job_id IS NULL AS cached, \
-     NULL::jsonb AS result, error, created_at, updated_at, completed_at";
+     NULL::text AS result, error, created_at, updated_at, completed_at";
 
 /// A specview record.
 #[derive(Debug, Clone, Serialize, ToSchema, sqlx::FromRow)]
@@ -208,7 +233,7 @@ pub struct SpecviewView {
     pub job_id: Option<i64>,
     /// The behaviour specification as structured data (written by the specgen worker).
     #[schema(value_type = Option<Object>)]
-    pub result: Option<serde_json::Value>,
+    pub result: Option<StoredJson>,
     /// The same specification as Markdown (also served with `Accept: text/markdown`).
     pub markdown: Option<String>,
     pub error: Option<String>,
@@ -219,7 +244,8 @@ pub struct SpecviewView {
 
 /// The columns of [`SpecviewView`]; like analyses, results are shown once `completed`.
 pub const SPECVIEW_COLUMNS: &str = "id, analysis_id, state::text AS state, job_id, \
-     CASE WHEN state = 'completed' AND jsonb_typeof(result) = 'object' THEN result END AS result, \
+     CASE WHEN state = 'completed' AND jsonb_typeof(result) = 'object' THEN result::text END \
+     AS result, \
      CASE WHEN state = 'completed' THEN markdown END AS markdown, error, \
      created_at, updated_at, completed_at";
 
