@@ -61,6 +61,10 @@ pub struct WebConfig {
     pub resolve_timeout: Duration,
     /// Most `git ls-remote` processes at once (requests naming a branch or tag); more wait.
     pub resolve_concurrency: usize,
+    /// Most of them for one user at once; that user's further requests wait for their own, so
+    /// one user's slow repositories cannot hold every slot (a host that stalls each resolve
+    /// until `RESOLVE_TIMEOUT`). At most `RESOLVE_CONCURRENCY` in effect.
+    pub resolve_concurrency_per_user: usize,
     /// Most `POST` requests enqueued together in one transaction (docs/web.md, ADR 0007).
     pub enqueue_batch_max: usize,
     /// Enqueue transactions running at once, each for its own share of the users (each with a
@@ -99,6 +103,7 @@ impl Default for WebConfig {
             http_trusted_proxies: String::new(),
             resolve_timeout: Duration::from_secs(10),
             resolve_concurrency: 8,
+            resolve_concurrency_per_user: 2,
             enqueue_batch_max: 64,
             enqueue_batch_concurrency: 1,
             quota: quota::QuotaConfig::default(),
@@ -202,6 +207,11 @@ impl WebConfig {
             (
                 "RESOLVE_CONCURRENCY",
                 self.resolve_concurrency,
+                MAX_RESOLVE_CONCURRENCY,
+            ),
+            (
+                "RESOLVE_CONCURRENCY_PER_USER",
+                self.resolve_concurrency_per_user,
                 MAX_RESOLVE_CONCURRENCY,
             ),
         ] {
@@ -450,6 +460,10 @@ mod tests {
         assert_eq!(
             refused(&[("RESOLVE_CONCURRENCY", "0")]),
             "RESOLVE_CONCURRENCY must be between 1 and 256, got 0"
+        );
+        assert_eq!(
+            refused(&[("RESOLVE_CONCURRENCY_PER_USER", "0")]),
+            "RESOLVE_CONCURRENCY_PER_USER must be between 1 and 256, got 0"
         );
         assert_eq!(
             refused(&[("HTTP_MAX_CONNECTIONS", "0")]),

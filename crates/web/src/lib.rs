@@ -24,6 +24,7 @@ pub mod rate;
 pub mod routes;
 pub mod serve;
 pub mod state;
+pub mod user_permits;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -224,6 +225,11 @@ pub fn build_state(
         url_policy,
         resolve_limits,
         resolves: Arc::new(tokio::sync::Semaphore::new(config.resolve_concurrency)),
+        user_resolves: user_permits::UserPermits::new(
+            config
+                .resolve_concurrency_per_user
+                .min(config.resolve_concurrency),
+        ),
         trusted_proxies: config.trusted_proxies().map_err(anyhow::Error::msg)?,
         admin_token: config.admin_token.clone(),
         request_duration,

@@ -29,6 +29,9 @@ pub struct Inner {
     pub resolve_limits: inventory::Limits,
     /// `git ls-remote` runs at once (`RESOLVE_CONCURRENCY`); more requests wait for a permit.
     pub resolves: Arc<tokio::sync::Semaphore>,
+    /// Of which one user holds at most `RESOLVE_CONCURRENCY_PER_USER`; taken first, so a user's
+    /// excess requests wait for their own permits, not in the shared queue.
+    pub user_resolves: Arc<crate::user_permits::UserPermits>,
     /// Whose `X-Forwarded-For` names the client the rate limiter sees (`HTTP_TRUSTED_PROXIES`).
     pub trusted_proxies: crate::client_addr::TrustedProxies,
     pub admin_token: Option<String>,

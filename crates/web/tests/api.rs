@@ -1364,6 +1364,83 @@ async fn branch_resolves_run_at_most_resolve_concurrency_at_once() {
     s.stop().await;
 }
 
+/// One user holds at most `RESOLVE_CONCURRENCY_PER_USER` of the ls-remote slots: with two slots
+/// and one per user, a user whose two branch resolves hang (a host that stalls each until
+/// `RESOLVE_TIMEOUT`) runs one git and leaves the other slot to everyone else, where they used to
+/// take both and keep every other user's branch requests waiting.
+#[tokio::test]
+async fn one_user_cannot_hold_every_resolve_slot() {
+    let db = TestDb::new().await;
+    let mut config = config(&db);
+    config.resolve_concurrency = 2;
+    config.resolve_concurrency_per_user = 1;
+    config.resolve_timeout = Duration::from_secs(120);
+    config.http_request_timeout = Duration::from_secs(150);
+    let s = TestServer::start(config).await;
+    let (_, hog) = user_with_key(&db.pool, "enterprise").await;
+    let (_, other) = user_with_key(&db.pool, "free").await;
+    let stalled = repository_with_main("hog-stalled");
+    let fifo = stalled.path().join(".git/packed-refs");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let fine = repository_with_main("other-fine");
+    let post = |key: &str, dir: &std::path::Path| {
+        let (http, key) = (s.http.clone(), key.to_owned());
+        let body = json!({"repository": format!("file://{}", dir.display()), "ref": "main"});
+        tokio::spawn(async move { http.post_json("/v1/analyses", &key, &body).await })
+    };
+
+    let hogged = [post(&hog, stalled.path()), post(&hog, stalled.path())];
+    let stalled_name = stalled.path().display().to_string();
+    testkit::eventually(Duration::from_secs(10), "git to start", || async {
+        (!testkit::git_fixture::processes_mentioning(&stalled_name).is_empty()).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // git runs `upload-pack` (through a shell) for the file:// remote: count the ls-remotes.
+    let resolves = || {
+        testkit::git_fixture::processes_mentioning(&stalled_name)
+            .into_iter()
+            .filter(|(_, command)| command.contains(" ls-remote "))
+            .count()
+    };
+    assert_eq!(
+        resolves(),
+        1,
+        "one user ran more than one ls-remote at once"
+    );
+    // Another user's branch request is served meanwhile.
+    let served = tokio::time::timeout(Duration::from_secs(30), post(&other, fine.path()))
+        .await
+        .expect("another user's request waited for the stalled ones")
+        .unwrap();
+    assert_eq!(served.status, 202, "{}", served.text());
+    assert!(hogged.iter().all(|h| !h.is_finished()));
+
+    // Writing nothing and closing gives the readers an empty `packed-refs`, one after the other.
+    drop(std::fs::OpenOptions::new().write(true).open(&fifo).unwrap());
+    testkit::eventually(
+        Duration::from_secs(10),
+        "the second git to start",
+        || async {
+            (!testkit::git_fixture::processes_mentioning(&stalled_name).is_empty()).then_some(())
+        },
+    )
+    .await;
+    drop(std::fs::OpenOptions::new().write(true).open(&fifo).unwrap());
+    for answer in hogged {
+        let r = tokio::time::timeout(Duration::from_secs(10), answer)
+            .await
+            .expect("answered once the permit is free")
+            .unwrap();
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn branch_and_tag_refs_resolve_against_the_repository() {
     let db = TestDb::new().await;

@@ -77,6 +77,7 @@ fn fetch_problem(e: &FetchError) -> Problem {
 /// through `git ls-remote` after the host passed the DNS check.
 async fn resolve_commit(
     state: &AppState,
+    user: Uuid,
     repo: &RepoUrl,
     git_ref: Option<&str>,
 ) -> Result<String, Problem> {
@@ -92,8 +93,9 @@ async fn resolve_commit(
         .await
         .map_err(|e| refused(&e))?;
     // A bounded number of git processes at once, whatever the number of requests: each holds
-    // memory and a process slot (`RESOLVE_CONCURRENCY`). The wait counts against the request's
-    // timeout.
+    // memory and a process slot (`RESOLVE_CONCURRENCY`), and one user holds a few of them at most
+    // (`RESOLVE_CONCURRENCY_PER_USER`). The waits count against the request's timeout.
+    let _own = state.user_resolves.acquire(user).await;
     let _permit = state
         .resolves
         .acquire()
@@ -140,7 +142,7 @@ pub async fn create(
         }
         other => other,
     };
-    let commit = resolve_commit(&state, &repo, git_ref).await?;
+    let commit = resolve_commit(&state, user.user_id, &repo, git_ref).await?;
     let analysis_id = Uuid::now_v7();
     let record = NewRecord::Analysis {
         analysis_id,
