@@ -1386,6 +1386,8 @@ async fn one_user_cannot_hold_every_resolve_slot() {
         .status()
         .unwrap();
     assert!(made.success());
+    let held = stalled.path().join(".git/packed-refs.fifo");
+    std::fs::hard_link(&fifo, &held).unwrap();
     let fine = repository_with_main("other-fine");
     let post = |key: &str, dir: &std::path::Path| {
         let (http, key) = (s.http.clone(), key.to_owned());
@@ -1420,17 +1422,22 @@ async fn one_user_cannot_hold_every_resolve_slot() {
     assert_eq!(served.status, 202, "{}", served.text());
     assert!(hogged.iter().all(|h| !h.is_finished()));
 
-    // Writing nothing and closing gives the readers an empty `packed-refs`, one after the other.
-    drop(std::fs::OpenOptions::new().write(true).open(&fifo).unwrap());
-    testkit::eventually(
-        Duration::from_secs(10),
-        "the second git to start",
-        || async {
-            (!testkit::git_fixture::processes_mentioning(&stalled_name).is_empty()).then_some(())
-        },
+    // The stalled git waits to open the FIFO for reading. A plain empty `packed-refs` takes the
+    // FIFO's name (so the next git, and any re-read, find it), and opening the FIFO by another
+    // name for writing and closing it gives the waiting git an empty read. Opening blocks until
+    // a reader is there, so it runs off this runtime, which serves web.
+    let plain = stalled.path().join(".git/packed-refs.plain");
+    std::fs::write(&plain, "").unwrap();
+    std::fs::rename(&plain, &fifo).unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::task::spawn_blocking(move || {
+            drop(std::fs::OpenOptions::new().write(true).open(&held).unwrap());
+        }),
     )
-    .await;
-    drop(std::fs::OpenOptions::new().write(true).open(&fifo).unwrap());
+    .await
+    .expect("the stalled git reading packed-refs")
+    .unwrap();
     for answer in hogged {
         let r = tokio::time::timeout(Duration::from_secs(10), answer)
             .await
