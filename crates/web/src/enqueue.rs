@@ -597,12 +597,16 @@ fn cached_and_standings_sql() -> &'static str {
                ORDER BY i.ord, a.completed_at DESC \
              ), source AS ( \
                SELECT DISTINCT ON (i.ord) i.ord, gen_random_uuid() AS copy_id, i.user_id, \
-                      i.repository, i.commit, i.requested_ref, a.id AS source_id, a.result \
+                      i.repository, i.keyed_bare, i.commit, i.requested_ref, \
+                      a.id AS source_id, a.result \
                FROM input i \
                JOIN analyses a ON a.repository = ANY (ARRAY[i.keyed_bare, i.keyed_git]) \
                               AND a.commit = i.commit \
                               AND a.state = 'completed' AND a.cached_from IS NULL \
                WHERE NOT EXISTS (SELECT 1 FROM own o WHERE o.ord = i.ord) \
+                 AND NOT EXISTS (SELECT 1 FROM input e WHERE e.user_id = i.user_id \
+                                 AND e.keyed_bare = i.keyed_bare AND e.commit = i.commit \
+                                 AND e.ord < i.ord) \
                ORDER BY i.ord, a.completed_at DESC \
              ), copied AS ( \
                INSERT INTO analyses (id, user_id, repository, requested_ref, commit, state, \
@@ -614,7 +618,11 @@ fn cached_and_standings_sql() -> &'static str {
                SELECT own.ord, {ANALYSIS_COLUMNS_WITHOUT_RESULT} FROM own \
                JOIN analyses ON analyses.id = own.own_id \
                UNION ALL \
-               SELECT source.ord, copied.* FROM copied JOIN source ON source.copy_id = copied.id \
+               SELECT i.ord, copied.* FROM input i \
+               JOIN source ON source.user_id = i.user_id AND source.keyed_bare = i.keyed_bare \
+                          AND source.commit = i.commit \
+               JOIN copied ON copied.id = source.copy_id \
+               WHERE NOT EXISTS (SELECT 1 FROM own o WHERE o.ord = i.ord) \
              ), {standings} \
              SELECT s.ord AS standing_ord, s.tier AS standing_tier, s.used AS standing_used, \
                     s.reserved AS standing_reserved, s.read_at AS standing_read_at, h.* \

@@ -1020,6 +1020,78 @@ async fn completed_analysis(
     .unwrap();
 }
 
+/// Identical requests of one user that meet in one enqueue batch get one copy of the stored
+/// analysis between them, as requests one after the other do: each used to copy the whole
+/// inventory again, with an id of its own.
+#[tokio::test]
+async fn identical_cache_hits_in_one_batch_share_one_copy() {
+    let db = TestDb::new().await;
+    let s = start(&db).await;
+    let (owner, _) = user_with_key(&db.pool, "pro").await;
+    let (parked, parked_key) = user_with_key(&db.pool, "pro").await;
+    let (caller, key) = user_with_key(&db.pool, "free").await;
+    let repository = "https://github.com/fairlane-test/fixture.git";
+    completed_analysis(&db.pool, owner, repository, &sha(5)).await;
+    // The collector's batch waits for a held row, so the identical requests queue together.
+    let holder = hold_user_row(&db.pool, parked).await;
+    let first = {
+        let http = s.http.clone();
+        tokio::spawn(async move {
+            http.post_json("/v1/analyses", &parked_key, &analysis_body(1))
+                .await
+        })
+    };
+    testkit::eventually(
+        Duration::from_secs(10),
+        "the first batch to block",
+        || async {
+            let (waiting,): (i64,) = sqlx::query_as(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND wait_event_type = 'Lock'",
+            )
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+            (waiting > 0).then_some(())
+        },
+    )
+    .await;
+    let same: Vec<_> = (0..10)
+        .map(|n| {
+            let (http, key) = (s.http.clone(), key.clone());
+            // Both spellings of the repository, and the commit in either case.
+            let body = if n % 2 == 0 {
+                json!({"repository": repository, "ref": sha(5)})
+            } else {
+                json!({"repository": "https://github.com/fairlane-test/fixture", "ref": sha(5).to_uppercase()})
+            };
+            tokio::spawn(async move { http.post_json("/v1/analyses", &key, &body).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    holder.rollback().await.unwrap();
+    assert_eq!(first.await.unwrap().status, 202);
+    let mut ids = std::collections::BTreeSet::new();
+    for answer in same {
+        let r = answer.await.unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.json()["result"]["tests"], 7);
+        ids.insert(r.json()["id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(
+        ids.len(),
+        1,
+        "one copy for one user, repository and commit: {ids:?}"
+    );
+    let (copies,): (i64,) = sqlx::query_as("SELECT count(*) FROM analyses WHERE user_id = $1")
+        .bind(caller)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(copies, 1);
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn cache_hits_return_the_stored_result_without_job_reservation_or_usage() {
     let db = TestDb::new().await;
