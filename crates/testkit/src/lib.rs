@@ -51,7 +51,9 @@ impl TestDb {
     /// Creates a fresh, fully migrated database.
     pub async fn new() -> TestDb {
         let template = ensure_template().await;
-        let name = format!("fairlane_test_{}", uuid::Uuid::new_v4().simple());
+        // A version 7 id: its first 48 bits are the creation time, by which `cargo xtask test`
+        // tells a finished run's database from one just created (docs/testing.md).
+        let name = format!("fairlane_test_{}", uuid::Uuid::now_v7().simple());
         let mut admin = admin_connection().await;
         // CREATE DATABASE … TEMPLATE needs the template to have no other sessions; templates are
         // only ever connected to while being built, under the same lock.

@@ -579,9 +579,34 @@ fn start_private_redis() -> anyhow::Result<String> {
     bail!("redis-server started but does not answer on port {PRIVATE_REDIS_PORT}")
 }
 
+/// How old a test database with no session must be to be taken for a finished run's. A running
+/// test's database has no session for a moment after it is created, and while a test has
+/// terminated its connections on purpose; no test runs this long (nextest's timeout is 5 min).
+const FINISHED_TEST_DATABASE_AGE: Duration = Duration::from_secs(15 * 60);
+
+/// Whether the test database `name` (`fairlane_test_<uuid>`) is old enough to be a finished run's
+/// at `now`: its id is a version 7 UUID, whose first 48 bits are its creation time in Unix
+/// milliseconds. Other ids (older runs' random ones) are taken as old.
+fn finished_test_database(name: &str, now: std::time::SystemTime) -> bool {
+    let Some(id) = name.strip_prefix("fairlane_test_") else {
+        return false;
+    };
+    let created_ms = (id.len() == 32 && id.as_bytes()[12] == b'7')
+        .then(|| u64::from_str_radix(&id[..12], 16).ok())
+        .flatten();
+    let Some(created_ms) = created_ms else {
+        return true;
+    };
+    let created = std::time::UNIX_EPOCH + Duration::from_millis(created_ms);
+    now.duration_since(created)
+        .is_ok_and(|age| age >= FINISHED_TEST_DATABASE_AGE)
+}
+
 /// Drops databases left by earlier test and bench runs (a test's is kept until then, for
 /// inspection after a failure). A database someone is connected to belongs to a run still going
-/// (another `cargo xtask test` or bench on the same server) and is left alone: no `FORCE`.
+/// (another `cargo xtask test` or bench on the same server) and is left alone: no `FORCE`; so is
+/// one created in the last [`FINISHED_TEST_DATABASE_AGE`], which may be a running test's between
+/// its sessions.
 pub(crate) fn drop_old_test_databases(url: &str) {
     let url = libpq_url(url);
     let list = Command::new("psql")
@@ -594,7 +619,11 @@ pub(crate) fn drop_old_test_databases(url: &str) {
         .output();
     let Ok(out) = list else { return };
     let names = String::from_utf8_lossy(&out.stdout).into_owned();
-    let names: Vec<&str> = names.lines().filter(|l| !l.is_empty()).collect();
+    let now = std::time::SystemTime::now();
+    let names: Vec<&str> = names
+        .lines()
+        .filter(|name| !name.is_empty() && finished_test_database(name, now))
+        .collect();
     if names.is_empty() {
         return;
     }
@@ -622,6 +651,39 @@ mod tests {
     use std::net::TcpListener;
 
     use super::*;
+
+    #[test]
+    fn only_test_databases_older_than_any_test_are_taken_for_finished_runs() {
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+        let named = |age: Duration| {
+            let created = (now - age)
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis();
+            format!("fairlane_test_{created:012x}7abc8def0123456789ab")
+        };
+        assert!(!finished_test_database(&named(Duration::from_secs(1)), now));
+        assert!(!finished_test_database(
+            &named(Duration::from_secs(14 * 60)),
+            now
+        ));
+        assert!(finished_test_database(
+            &named(Duration::from_secs(16 * 60)),
+            now
+        ));
+        // A random (version 4) id from before: its time is unknown.
+        assert!(finished_test_database(
+            "fairlane_test_3f2a9c1e5b7d4e0f8a6b2c4d1e3f5a7b",
+            now
+        ));
+        assert!(!finished_test_database("fairlane", now));
+        // The id a test database gets today reads as just created.
+        let fresh = format!("fairlane_test_{}", uuid::Uuid::now_v7().simple());
+        assert!(!finished_test_database(
+            &fresh,
+            std::time::SystemTime::now()
+        ));
+    }
 
     // These use the PostgreSQL and Redis the test run uses (`DATABASE_URL`, `REDIS_URL`, as
     // `cargo xtask test` passes them), else the standard local ones.

@@ -1,5 +1,5 @@
 //! `cargo xtask test`: format check, clippy, then every test of the workspace against real
-//! PostgreSQL and Redis (cargo-nextest when installed, `cargo test` otherwise).
+//! PostgreSQL and Redis (cargo-nextest, installed when missing).
 
 use std::process::Command;
 
@@ -49,24 +49,34 @@ pub(crate) fn run(lint: bool, extra: &[String]) -> anyhow::Result<()> {
         ("REDIS_URL", redis_url.as_str()),
     ];
     env.extend(tools.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-    let nextest = Command::new("cargo")
-        .args(["nextest", "--version"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    let mut args: Vec<&str> = if nextest {
-        vec!["nextest", "run", "--workspace", "--no-fail-fast"]
-    } else {
-        say("cargo-nextest not found; using cargo test");
-        vec!["test", "--workspace", "--no-fail-fast"]
-    };
+    ensure_nextest(&root)?;
+    let mut args: Vec<&str> = vec!["nextest", "run", "--workspace", "--no-fail-fast"];
     args.extend(extra.iter().map(String::as_str));
     cargo(&root, &args, &env)?;
-    if nextest && extra.is_empty() {
+    if extra.is_empty() {
         // nextest does not run doctests; a filtered run is about specific tests, so skip them.
         cargo(&root, &["test", "--workspace", "--doc"], &env)?;
     }
     say("all checks passed");
     Ok(())
+}
+
+/// Installs cargo-nextest from crates.io when `cargo nextest` is missing. The suite needs it:
+/// it runs each test in a process of its own (the signal tests signal their own process), and
+/// `.config/nextest.toml` sets the timeouts and the groups of tests that must not overlap.
+/// `cargo test` would run them as threads of one process, with no timeout.
+fn ensure_nextest(root: &std::path::Path) -> anyhow::Result<()> {
+    let installed = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(["nextest", "--version"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if installed {
+        return Ok(());
+    }
+    say("cargo-nextest not found; installing it from crates.io (a few minutes, once)");
+    cargo(root, &["install", "cargo-nextest", "--locked"], &[]).context(
+        "installing cargo-nextest (or install it yourself: cargo install cargo-nextest --locked)",
+    )
 }
 
 pub(crate) fn cargo(

@@ -30,7 +30,7 @@ use crate::{say, workspace_root};
 const PYPI: [(&str, &str); 3] = [
     ("kubernetes-validate", "==1.37.0"),
     ("check-jsonschema", "==0.39.0"),
-    ("schemathesis", ">=4.32,<5"),
+    ("schemathesis", "==4.32.5"),
 ];
 
 /// npm packages installed under `.fairlane/tools/node`.
