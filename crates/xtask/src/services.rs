@@ -380,7 +380,10 @@ impl PrivatePostgres {
             }
         }
         let data_str = data.to_string_lossy().into_owned();
-        if !data.join("PG_VERSION").exists() {
+        let init = || -> anyhow::Result<()> {
+            if data.join("PG_VERSION").exists() {
+                return Ok(());
+            }
             pg_command(
                 &bindir,
                 "initdb",
@@ -392,35 +395,65 @@ impl PrivatePostgres {
                     "--auth=trust",
                     "--no-sync",
                 ],
-            )?;
-        }
+            )
+        };
+        init()?;
+        // Clients connect over TCP only: no Unix socket, whose path (in the checkout) could
+        // pass the kernel's 107 bytes, and no path in the options pg_ctl hands to a shell.
         let mut options = format!(
-            "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} -c max_connections=300",
-            self.port,
-            dir.to_string_lossy()
+            "-p {} -c listen_addresses=127.0.0.1 -c unix_socket_directories='' -c max_connections=300",
+            self.port
         );
         if durability == Durability::Tests {
             options.push_str(" -c fsync=off -c synchronous_commit=off -c full_page_writes=off");
         }
         let log = dir.join("server.log");
         let log_str = log.to_string_lossy().into_owned();
-        let started = StartedPostgres { bindir, data };
-        if let Err(e) = pg_command(
-            &started.bindir,
-            "pg_ctl",
-            &[
-                "-D", &data_str, "-o", &options, "-l", &log_str, "-w", "start",
-            ],
-        ) {
+        let start = || {
+            pg_command(
+                &bindir,
+                "pg_ctl",
+                &[
+                    "-D", &data_str, "-o", &options, "-l", &log_str, "-w", "start",
+                ],
+            )
+        };
+        let stop = || {
             // The server runs in a session of its own, so a Ctrl-C that ended `pg_ctl` while it
             // waited has not reached it: stop it (if it never started, this fails harmlessly).
-            let _ = started.stop();
+            let _ = StartedPostgres {
+                bindir: bindir.clone(),
+                data: data.clone(),
+            }
+            .stop();
+        };
+        let mut started = start();
+        if started.is_err() && durability == Durability::Tests {
+            // A test cluster's data is throwaway: one that cannot start (left by other server
+            // binaries, or by a machine reset with fsync off) is made again rather than
+            // failing every run until someone deletes it.
+            stop();
+            say(format!(
+                "the private PostgreSQL in {} did not start; making its test data folder again. \
+                 The end of {}:\n{}",
+                data.display(),
+                log.display(),
+                last_lines(&log, 5)
+            ));
+            std::fs::remove_dir_all(&data)
+                .with_context(|| format!("removing {}", data.display()))?;
+            init()?;
+            started = start();
+        }
+        if let Err(e) = started {
+            stop();
             return Err(e.context(format!(
                 "the private PostgreSQL did not start; the end of {}:\n{}",
                 log.display(),
                 last_lines(&log, 5)
             )));
         }
+        let started = StartedPostgres { bindir, data };
         say(format!(
             "private PostgreSQL running at {url} (stop: pg_ctl -D {data_str} stop)"
         ));
@@ -773,6 +806,28 @@ mod tests {
         }
     }
 
+    /// A test cluster whose data cannot start (here: written by a server of another major
+    /// version) is made again; a durable one (`dev`'s, a benchmark's) is never thrown away.
+    #[test]
+    fn a_test_cluster_that_cannot_start_is_made_again_and_a_durable_one_is_kept() {
+        let server = ScratchServer::new("rebuild");
+        server.postgres.start(Durability::Tests).unwrap();
+        server.stop();
+        let version = server.postgres.dir.join("data/PG_VERSION");
+        std::fs::write(&version, "9\n").unwrap();
+        let refused = server
+            .postgres
+            .start(Durability::Default)
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains("did not start"), "{refused}");
+        assert_eq!(std::fs::read_to_string(&version).unwrap(), "9\n", "kept");
+        let (_, started) = server.postgres.start(Durability::Tests).unwrap();
+        assert!(started.is_some());
+        assert_ne!(std::fs::read_to_string(&version).unwrap(), "9\n");
+        assert_eq!(server.fsync(), "off");
+    }
+
     #[test]
     fn a_private_postgres_left_running_without_fsync_is_not_used_for_durable_work() {
         let server = ScratchServer::new("durability");
@@ -896,7 +951,8 @@ mod tests {
         let mut text = std::fs::read_to_string(&conf).unwrap();
         text.push_str("\nshared_buffers = 'lots'\n");
         std::fs::write(&conf, text).unwrap();
-        let e = server.postgres.start(Durability::Tests).unwrap_err();
+        // A durable cluster (dev's, a benchmark's) is not made again: its failure is shown.
+        let e = server.postgres.start(Durability::Default).unwrap_err();
         let message = format!("{e:#}");
         assert!(
             message.contains("the private PostgreSQL did not start"),
