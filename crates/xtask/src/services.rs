@@ -8,7 +8,7 @@
 //! is passed over with a one-line note saying why.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -74,11 +74,17 @@ pub(crate) fn redis() -> anyhow::Result<String> {
     start_private_redis()
 }
 
+/// A connection to `addr` (`host:port`, a name resolved first: `localhost:5432`), within 500 ms
+/// per address.
+fn connect(addr: &str) -> Option<TcpStream> {
+    use std::net::ToSocketAddrs as _;
+    addr.to_socket_addrs()
+        .ok()?
+        .find_map(|a| TcpStream::connect_timeout(&a, Duration::from_millis(500)).ok())
+}
+
 fn reachable(addr: &str) -> bool {
-    addr.parse::<SocketAddr>()
-        .ok()
-        .and_then(|a| TcpStream::connect_timeout(&a, Duration::from_millis(500)).ok())
-        .is_some()
+    connect(addr).is_some()
 }
 
 /// Whether the PostgreSQL at `addr` lets `url` in: a real login and `SELECT 1` with `psql`,
@@ -124,11 +130,7 @@ fn postgres_query(url: &str, sql: &str) -> Result<String, String> {
 /// Whether the Redis at `addr` answers `PING` with `+PONG` (one that wants `AUTH` answers
 /// `-NOAUTH …`, and would fail every test). `Err` says why, in one line.
 fn usable_redis(addr: &str) -> Result<(), String> {
-    let mut stream = addr
-        .parse::<SocketAddr>()
-        .ok()
-        .and_then(|a| TcpStream::connect_timeout(&a, Duration::from_millis(500)).ok())
-        .ok_or_else(|| format!("no Redis on {addr}"))?;
+    let mut stream = connect(addr).ok_or_else(|| format!("no Redis on {addr}"))?;
     let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
     let mut reply = Vec::new();
     let mut byte = [0u8; 1];
@@ -761,6 +763,12 @@ mod tests {
             usable_postgres("127.0.0.1:1", "postgres://postgres@127.0.0.1:1/postgres"),
             Err("no PostgreSQL on 127.0.0.1:1".to_owned())
         );
+        // A host name is resolved (a `DATABASE_URL` naming `localhost` was taken for no server).
+        let port = addr.rsplit_once(':').unwrap().1;
+        if addr.starts_with("127.0.0.1:") {
+            assert!(reachable(&format!("localhost:{port}")));
+        }
+        assert!(!reachable("no-such-host.invalid:5432"));
     }
 
     /// A private server in a folder and on a port of its own, stopped when dropped.
