@@ -20,6 +20,9 @@ pub struct QuotaExceeded {
     pub requested: i64,
     pub limit: i64,
     pub period: BillingPeriod,
+    /// The database's clock when the standings were read: what the time to the period's end
+    /// is counted from (the period is the database's too; a web host's clock may differ).
+    pub read_at: DateTime<Utc>,
 }
 
 impl QuotaExceeded {

@@ -326,6 +326,7 @@ impl Quota {
         requests: &[(Uuid, Service)],
     ) -> Result<Vec<Result<Grant, QuotaError>>, QuotaError> {
         let mut tiers: HashMap<Uuid, Tier> = HashMap::new();
+        let mut read_at: HashMap<(Uuid, Service), DateTime<Utc>> = HashMap::new();
         let mut standings = Vec::with_capacity(rows.len());
         for row in rows {
             if !plan.period.contains(row.read_at) {
@@ -343,6 +344,7 @@ impl Quota {
             let Some(tier) = &row.tier else { continue };
             let tier = Tier::resolve(Some(tier));
             tiers.insert(user, tier);
+            read_at.insert((user, event), row.read_at);
             let standing = Standing {
                 used: row.used,
                 reserved: row.reserved,
@@ -379,6 +381,10 @@ impl Quota {
                         requested,
                         limit: before.limit,
                         period: plan.period,
+                        read_at: read_at
+                            .get(&(user_id, event_type))
+                            .copied()
+                            .unwrap_or(plan.period.start),
                     })),
                 }
             })

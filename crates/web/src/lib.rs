@@ -46,9 +46,15 @@ pub use problem::Problem;
 pub use state::AppState;
 
 /// Maps a quota error to its response: 429 `quota_exceeded` with the numbers and `Retry-After`
-/// to the end of the billing period.
+/// to the end of the billing period, counted on the database's clock (the period's own) from
+/// when the standings were read: a web host whose clock runs ahead would tell a client to retry
+/// every second until the database's period ended, one running behind to wait too long.
 pub fn quota_problem(e: quota::QuotaError) -> Problem {
-    quota_problem_at(e, chrono::Utc::now())
+    let now = match &e {
+        quota::QuotaError::Exceeded(x) => x.read_at,
+        _ => chrono::Utc::now(),
+    };
+    quota_problem_at(e, now)
 }
 
 /// [`quota_problem`] as of `now`. `Retry-After` is rounded up to whole seconds: a client that
@@ -409,6 +415,7 @@ mod tests {
             requested: 1,
             limit: 50,
             period,
+            read_at: period.end - Duration::seconds(100),
         }))
     }
 
@@ -433,5 +440,8 @@ mod tests {
         // At or past the end (a clock a little ahead), still a positive wait.
         assert_eq!(retry_after(at(Duration::zero())), "1");
         assert_eq!(retry_after(at(Duration::seconds(-3))), "1");
+        // Counted from the database's reading (100 s before the end), whatever this host's
+        // clock says.
+        assert_eq!(retry_after(quota_problem(exceeded(period))), "100");
     }
 }
