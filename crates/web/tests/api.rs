@@ -1041,21 +1041,7 @@ async fn identical_cache_hits_in_one_batch_share_one_copy() {
                 .await
         })
     };
-    testkit::eventually(
-        Duration::from_secs(10),
-        "the first batch to block",
-        || async {
-            let (waiting,): (i64,) = sqlx::query_as(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-             AND wait_event_type = 'Lock'",
-            )
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-            (waiting > 0).then_some(())
-        },
-    )
-    .await;
+    support::until_a_lock_waits(&db.pool, "the first batch to block").await;
     let same: Vec<_> = (0..10)
         .map(|n| {
             let (http, key) = (s.http.clone(), key.clone());
@@ -1386,6 +1372,38 @@ fn repository_with_main(tag: &str) -> testkit::git_fixture::TempDir {
     dir
 }
 
+/// A repository as [`repository_with_main`] whose `packed-refs` is a FIFO no one writes yet: a
+/// `git ls-remote` of it waits until the FIFO is opened for writing. Returns it and the FIFO.
+fn stalled_repository(tag: &str) -> (testkit::git_fixture::TempDir, std::path::PathBuf) {
+    let dir = repository_with_main(tag);
+    let fifo = dir.path().join(".git/packed-refs");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    (dir, fifo)
+}
+
+/// `POST /v1/analyses` of the `file://` repository in `dir` at `main` with `key`, in a task.
+fn post_main(
+    http: &support::Http,
+    key: &str,
+    dir: &std::path::Path,
+) -> tokio::task::JoinHandle<Resp> {
+    let (http, key) = (http.clone(), key.to_owned());
+    let body = json!({"repository": format!("file://{}", dir.display()), "ref": "main"});
+    tokio::spawn(async move { http.post_json("/v1/analyses", &key, &body).await })
+}
+
+/// Waits up to 10 s for a git process that names `folder`.
+async fn until_git_runs_in(folder: &str) {
+    testkit::eventually(Duration::from_secs(10), "git to start", || async {
+        (!testkit::git_fixture::processes_mentioning(folder).is_empty()).then_some(())
+    })
+    .await;
+}
+
 /// At most `RESOLVE_CONCURRENCY` `git ls-remote` run at once. With one permit, a request whose
 /// ls-remote hangs (its repository's `packed-refs` is a FIFO no one writes yet) holds it, and a
 /// second request naming a branch waits for it; once the first is released, both are answered.
@@ -1400,26 +1418,13 @@ async fn branch_resolves_run_at_most_resolve_concurrency_at_once() {
     config.http_request_timeout = Duration::from_secs(150);
     let s = TestServer::start(config).await;
     let (_, key) = user_with_key(&db.pool, "pro").await;
-    let stalled = repository_with_main("stalled");
-    let fifo = stalled.path().join(".git/packed-refs");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap();
-    assert!(made.success());
+    let (stalled, fifo) = stalled_repository("stalled");
     let fine = repository_with_main("fine");
-    let post = |dir: &std::path::Path| {
-        let (http, key) = (s.http.clone(), key.clone());
-        let body = json!({"repository": format!("file://{}", dir.display()), "ref": "main"});
-        tokio::spawn(async move { http.post_json("/v1/analyses", &key, &body).await })
-    };
+    let post = |dir: &std::path::Path| post_main(&s.http, &key, dir);
 
     let first = post(stalled.path());
     let stalled_name = stalled.path().display().to_string();
-    testkit::eventually(Duration::from_secs(10), "git to start", || async {
-        (!testkit::git_fixture::processes_mentioning(&stalled_name).is_empty()).then_some(())
-    })
-    .await;
+    until_git_runs_in(&stalled_name).await;
     let second = post(fine.path());
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(!second.is_finished(), "the second resolve did not wait");
@@ -1451,28 +1456,15 @@ async fn one_user_cannot_hold_every_resolve_slot() {
     let s = TestServer::start(config).await;
     let (_, hog) = user_with_key(&db.pool, "enterprise").await;
     let (_, other) = user_with_key(&db.pool, "free").await;
-    let stalled = repository_with_main("hog-stalled");
-    let fifo = stalled.path().join(".git/packed-refs");
-    let made = std::process::Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .unwrap();
-    assert!(made.success());
+    let (stalled, fifo) = stalled_repository("hog-stalled");
     let held = stalled.path().join(".git/packed-refs.fifo");
     std::fs::hard_link(&fifo, &held).unwrap();
     let fine = repository_with_main("other-fine");
-    let post = |key: &str, dir: &std::path::Path| {
-        let (http, key) = (s.http.clone(), key.to_owned());
-        let body = json!({"repository": format!("file://{}", dir.display()), "ref": "main"});
-        tokio::spawn(async move { http.post_json("/v1/analyses", &key, &body).await })
-    };
+    let post = |key: &str, dir: &std::path::Path| post_main(&s.http, key, dir);
 
     let hogged = [post(&hog, stalled.path()), post(&hog, stalled.path())];
     let stalled_name = stalled.path().display().to_string();
-    testkit::eventually(Duration::from_secs(10), "git to start", || async {
-        (!testkit::git_fixture::processes_mentioning(&stalled_name).is_empty()).then_some(())
-    })
-    .await;
+    until_git_runs_in(&stalled_name).await;
     tokio::time::sleep(Duration::from_millis(1000)).await;
     // git runs `upload-pack` (through a shell) for the file:// remote: count the ls-remotes.
     let resolves = || {

@@ -13,22 +13,11 @@ use std::time::Duration;
 use http::Method;
 
 use support::{
-    Resp, TestServer, analysis_body, config, hold_user_row, user_with_key, written_rows,
+    Resp, TestServer, analysis_body, config, hold_user_row, until_a_lock_waits, user_with_key,
+    written_rows,
 };
 use testkit::TestDb;
 use testkit::proxy::TcpProxy;
-
-/// Sessions of `db` waiting for a lock.
-async fn lock_waiters(db: &TestDb) -> i64 {
-    let (waiting,): (i64,) = sqlx::query_as(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-         AND wait_event_type = 'Lock'",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
-    waiting
-}
 
 fn assert_unavailable(r: &Resp, who: &str) {
     assert_eq!(r.status.as_u16(), 503, "{who}: {}", r.text());
@@ -70,24 +59,14 @@ async fn a_database_gone_silent_answers_a_whole_batch_unavailable_within_its_tim
     // The first user's request, alone in a batch, waits for its row; the other five queue
     // behind that batch and go together in the next.
     let first = post(0);
-    testkit::eventually(
-        Duration::from_secs(10),
-        "the first batch to block",
-        || async { (lock_waiters(&db).await == 1).then_some(()) },
-    )
-    .await;
+    until_a_lock_waits(&db.pool, "the first batch to block").await;
     let rest: Vec<_> = (1..6).map(post).collect();
     tokio::time::sleep(Duration::from_secs(1)).await;
     hold_first.rollback().await.unwrap();
     let first = first.await.unwrap();
     assert_eq!(first.status.as_u16(), 202, "{}", first.text());
     // The second batch waits for the second user's row, on its kept connection.
-    testkit::eventually(
-        Duration::from_secs(10),
-        "the second batch to block",
-        || async { (lock_waiters(&db).await == 1).then_some(()) },
-    )
-    .await;
+    until_a_lock_waits(&db.pool, "the second batch to block").await;
 
     proxy.blackhole();
     let usage = {
@@ -143,12 +122,7 @@ async fn an_admin_write_cut_in_flight_is_of_unknown_outcome_and_one_never_sent_i
         format!("/admin/users/{user}"),
         r#"{"tier": "enterprise"}"#,
     );
-    testkit::eventually(
-        Duration::from_secs(10),
-        "the tier change to block",
-        || async { (lock_waiters(&db).await == 1).then_some(()) },
-    )
-    .await;
+    until_a_lock_waits(&db.pool, "the tier change to block").await;
     proxy.blackhole();
     let change = change.await.unwrap();
     change.problem(503, "commit_outcome_unknown");

@@ -51,17 +51,7 @@ async fn draining_with_a_request_in_flight(db: &TestDb) -> Draining {
         })
     };
     // Wait until the request is waiting for the lock.
-    testkit::eventually(Duration::from_secs(10), "the request to block", || async {
-        let (waiting,): (i64,) = sqlx::query_as(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-             AND wait_event_type = 'Lock'",
-        )
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-        (waiting > 0).then_some(())
-    })
-    .await;
+    support::until_a_lock_waits(&db.pool, "the request to block").await;
     child.signal(nix::sys::signal::Signal::SIGTERM);
     // New connections stop being accepted, while web waits for the request in flight.
     testkit::eventually(
