@@ -78,6 +78,17 @@ fn quota() -> Quota {
     Quota::new(QuotaConfig::default()).unwrap()
 }
 
+/// An analysis unit of `user` reserved (without a job: to be linked later) and committed.
+async fn committed_reservation(pool: &PgPool, quota: &Quota, user: Uuid) -> quota::Reservation {
+    let mut tx = pool.begin().await.unwrap();
+    let reservation = quota
+        .reserve(&mut tx, user, Service::Analysis, Utc::now())
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    reservation
+}
+
 /// Reserve + job insert + link in one transaction, the way the web service does it.
 async fn reserve_and_enqueue(
     pool: &PgPool,
@@ -1078,12 +1089,7 @@ async fn a_reservation_that_expires_while_its_transaction_runs_cannot_be_attache
     })
     .unwrap();
     let user = user(&db.pool, "pro").await;
-    let mut tx = db.pool.begin().await.unwrap();
-    let reservation = quota
-        .reserve(&mut tx, user, Service::Analysis, Utc::now())
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
+    let reservation = committed_reservation(&db.pool, &quota, user).await;
     sqlx::query(
         "UPDATE quota_reservations SET expires_at = clock_timestamp() + interval '1 second'",
     )
@@ -1129,12 +1135,7 @@ async fn an_expired_or_linked_reservation_cannot_be_attached() {
     let db = TestDb::new().await;
     let quota = quota();
     let user = user(&db.pool, "pro").await;
-    let mut tx = db.pool.begin().await.unwrap();
-    let reservation = quota
-        .reserve(&mut tx, user, Service::Analysis, Utc::now())
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
+    let reservation = committed_reservation(&db.pool, &quota, user).await;
     sqlx::query("UPDATE quota_reservations SET expires_at = now() - interval '1 second'")
         .execute(&db.pool)
         .await

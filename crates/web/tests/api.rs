@@ -1396,6 +1396,17 @@ fn post_main(
     tokio::spawn(async move { http.post_json("/v1/analyses", &key, &body).await })
 }
 
+/// Each of `answers` is a 202 within 10 s (once the resolve slots it waited for are free).
+async fn all_accepted_within_10s(answers: impl IntoIterator<Item = tokio::task::JoinHandle<Resp>>) {
+    for answer in answers {
+        let r = tokio::time::timeout(Duration::from_secs(10), answer)
+            .await
+            .expect("answered once the permit is free")
+            .unwrap();
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+}
+
 /// Waits up to 10 s for a git process that names `folder`.
 async fn until_git_runs_in(folder: &str) {
     testkit::eventually(Duration::from_secs(10), "git to start", || async {
@@ -1431,13 +1442,7 @@ async fn branch_resolves_run_at_most_resolve_concurrency_at_once() {
 
     // Writing nothing and closing gives the reader an empty `packed-refs`.
     drop(std::fs::OpenOptions::new().write(true).open(&fifo).unwrap());
-    for answer in [first, second] {
-        let r = tokio::time::timeout(Duration::from_secs(10), answer)
-            .await
-            .expect("answered once the permit is free")
-            .unwrap();
-        assert_eq!(r.status, 202, "{}", r.text());
-    }
+    all_accepted_within_10s([first, second]).await;
     s.stop().await;
 }
 
@@ -1502,13 +1507,7 @@ async fn one_user_cannot_hold_every_resolve_slot() {
     .await
     .expect("the stalled git reading packed-refs")
     .unwrap();
-    for answer in hogged {
-        let r = tokio::time::timeout(Duration::from_secs(10), answer)
-            .await
-            .expect("answered once the permit is free")
-            .unwrap();
-        assert_eq!(r.status, 202, "{}", r.text());
-    }
+    all_accepted_within_10s(hogged).await;
     s.stop().await;
 }
 
