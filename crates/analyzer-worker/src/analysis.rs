@@ -84,7 +84,7 @@ impl AnalysisWorker {
         let policy = self.settings.url_policy();
         let vetted = inventory::vet_url(&record.repository, &policy)
             .await
-            .map_err(|e| url_failure(&e))?;
+            .map_err(|e| url_failure(&e, ctx.job().attempt))?;
         let limits = self.settings.limits();
         tracing::info!(
             analysis_id = %record.id,
@@ -222,10 +222,22 @@ fn fetch_target(record: &AnalysisRecord) -> Option<ResolvedRef> {
     })
 }
 
-/// A URL the policy refuses ends the job; a DNS failure may pass and is retried.
-fn url_failure(e: &UrlError) -> JobError {
+/// The attempt on which a host the DNS says does not exist ends the job: about 17 minutes
+/// after the first (the retries wait 1 s, 2 s, 4 s …), longer than a resolver's bad answer lasts.
+/// Until then it is retried like any DNS failure; after, a name that never existed (a typo; the
+/// API does not resolve the host of a request naming a commit) stops holding its user's quota
+/// for the days 25 attempts take.
+pub const UNKNOWN_HOST_ATTEMPTS: i16 = 10;
+
+/// A URL the policy refuses ends the job; a DNS failure may pass and is retried, except a name
+/// the DNS keeps saying does not exist, on attempt [`UNKNOWN_HOST_ATTEMPTS`].
+fn url_failure(e: &UrlError, attempt: i16) -> JobError {
     match e {
+        UrlError::UnknownHost { .. } if attempt >= UNKNOWN_HOST_ATTEMPTS => {
+            JobError::Cancel(format!("{e}, on {attempt} attempts"))
+        }
         UrlError::Resolution { .. }
+        | UrlError::UnknownHost { .. }
         | UrlError::ResolutionTimedOut { .. }
         | UrlError::NoAddresses { .. } => JobError::msg(e.to_string()),
         _ => JobError::Cancel(format!("refused by policy: {e}")),
@@ -416,13 +428,35 @@ mod tests {
             JobError::Failed(_)
         ));
         assert_eq!(
-            cancel_reason(url_failure(&UrlError::FileUrlsNotAllowed)).as_deref(),
+            cancel_reason(url_failure(&UrlError::FileUrlsNotAllowed, 1)).as_deref(),
             Some(
                 "refused by policy: file:// repository URLs are not allowed on this service; use an https:// URL"
             )
         );
         assert!(matches!(
-            url_failure(&UrlError::NoAddresses { host: "x.y".into() }),
+            url_failure(&UrlError::NoAddresses { host: "x.y".into() }, 1),
+            JobError::Failed(_)
+        ));
+        // A name the DNS says does not exist is retried for a while, then ends the job.
+        let unknown = UrlError::UnknownHost {
+            host: "typo.example".into(),
+        };
+        assert!(matches!(
+            url_failure(&unknown, UNKNOWN_HOST_ATTEMPTS - 1),
+            JobError::Failed(_)
+        ));
+        assert_eq!(
+            cancel_reason(url_failure(&unknown, UNKNOWN_HOST_ATTEMPTS)).as_deref(),
+            Some("host `typo.example` does not exist (the DNS knows no such name), on 10 attempts")
+        );
+        assert!(matches!(
+            url_failure(
+                &UrlError::Resolution {
+                    host: "x.y".into(),
+                    reason: "Temporary failure in name resolution".into()
+                },
+                UNKNOWN_HOST_ATTEMPTS + 5
+            ),
             JobError::Failed(_)
         ));
         assert!(cancel_reason(scan_failure(ScanError::TooManyFiles { limit: 3 })).is_some());
@@ -442,7 +476,7 @@ mod tests {
             &inventory::UrlPolicy::default(),
         )
         .unwrap_err();
-        let reason = cancel_reason(url_failure(&e)).unwrap();
+        let reason = cancel_reason(url_failure(&e, 1)).unwrap();
         assert!(
             !reason.contains("hunter2") && !reason.contains("user:"),
             "{reason}"

@@ -435,6 +435,13 @@ pub enum UrlError {
         /// Its class.
         class: AddressClass,
     },
+    /// The DNS answered that the name does not exist, or has no address (glibc's `EAI_NONAME`,
+    /// `EAI_NODATA`): unlike a failure to reach the resolver, this is its answer.
+    #[error("host `{host}` does not exist (the DNS knows no such name)")]
+    UnknownHost {
+        /// The host.
+        host: String,
+    },
     /// DNS failed.
     #[error("could not resolve host `{host}`: {reason}")]
     Resolution {
@@ -809,6 +816,19 @@ fn check_https_path(path: &str) -> Result<(), UrlError> {
     Ok(())
 }
 
+/// Whether a resolver's error (`getaddrinfo`'s message, as Rust reports it) is the DNS's answer
+/// that the name does not exist or has no address, rather than a failure to get an answer
+/// (`Temporary failure in name resolution`, a server failure, a timeout).
+pub fn names_no_host(reason: &str) -> bool {
+    [
+        "Name or service not known",
+        "No address associated with hostname",
+        "nodename nor servname provided",
+    ]
+    .iter()
+    .any(|answer| reason.contains(answer))
+}
+
 /// Resolves `host` (async DNS) and checks that every address it resolves to is public (unless
 /// the policy allows private hosts). Returns the addresses, deduplicated, in resolver order.
 pub async fn resolve_public(
@@ -825,9 +845,15 @@ pub async fn resolve_public(
             });
         }
         Ok(Err(e)) => {
+            let reason = e.to_string();
+            if names_no_host(&reason) {
+                return Err(UrlError::UnknownHost {
+                    host: host.to_string(),
+                });
+            }
             return Err(UrlError::Resolution {
                 host: host.to_string(),
-                reason: e.to_string(),
+                reason,
             });
         }
         Ok(Ok(addrs)) => addrs,
@@ -886,6 +912,35 @@ pub fn redact(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn only_the_dns_saying_no_such_name_is_an_unknown_host() {
+        for answer in [
+            "failed to lookup address information: Name or service not known",
+            "failed to lookup address information: No address associated with hostname",
+            "failed to lookup address information: nodename nor servname provided, or not known",
+        ] {
+            assert!(names_no_host(answer), "{answer}");
+        }
+        for failure in [
+            "failed to lookup address information: Temporary failure in name resolution",
+            "failed to lookup address information: Try again",
+            "failed to lookup address information: System error",
+        ] {
+            assert!(!names_no_host(failure), "{failure}");
+        }
+    }
+
+    /// The resolver's answer for a name under `.invalid` (RFC 6761: never exists).
+    #[tokio::test]
+    async fn a_name_that_cannot_exist_is_an_unknown_host() {
+        match resolve_public("typo.invalid", 443, &UrlPolicy::default()).await {
+            Err(UrlError::UnknownHost { host }) => assert_eq!(host, "typo.invalid"),
+            // A machine with no resolver at all fails to get an answer instead.
+            Err(UrlError::Resolution { reason, .. }) => assert!(!names_no_host(&reason)),
+            other => panic!("{other:?}"),
+        }
+    }
     use super::*;
 
     fn strict() -> UrlPolicy {

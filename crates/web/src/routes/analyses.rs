@@ -46,6 +46,7 @@ pub struct AnalysisAccepted {
 fn refused(e: &UrlError) -> Problem {
     match e {
         UrlError::Resolution { .. }
+        | UrlError::UnknownHost { .. }
         | UrlError::ResolutionTimedOut { .. }
         | UrlError::NoAddresses { .. } => Problem::new(
             StatusCode::UNPROCESSABLE_ENTITY,
