@@ -47,7 +47,8 @@ async fn heavy_a_request_and_the_job_it_enqueued_share_one_trace_across_processe
         .await
         .unwrap();
     let key = web::admin::issue_key(&db.pool, user.id).await.unwrap().key;
-    let (repository, commit) = support::fixture_repository(&temp_dir("trace-repo"));
+    let repo_dir = temp_dir("trace-repo");
+    let (repository, commit) = support::fixture_repository(&repo_dir);
     // The client names the trace and says "not sampled": the trace id is kept, for
     // correlation, but the request and its job are recorded all the same.
     let client_trace = "4bf92f3577b34da6a3ce929d0e0e4736";

@@ -40,6 +40,15 @@ impl TempDir {
     }
 }
 
+/// The folder's path, so a `TempDir` goes wherever a `&Path` does (`dir.join(…)`, `&dir`).
+impl std::ops::Deref for TempDir {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.path
+    }
+}
+
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.path);

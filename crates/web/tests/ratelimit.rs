@@ -7,17 +7,23 @@
 
 mod support;
 
-use std::path::PathBuf;
-
 use http::Method;
 use support::{TestServer, config, spawn_web, user_with_key};
 use testkit::TestDb;
 
-/// A rules file unique to this test: per user `per_user` a day, per anonymous address
-/// `per_ip` a day (fixed windows; a day so that no test straddles a window edge in practice).
-fn rules(per_user: u32, per_ip: u32) -> PathBuf {
+/// A rules file unique to this test, in a folder removed when this is dropped (keep it while
+/// the server runs: it reloads the file).
+struct Rules {
+    _dir: testkit::git_fixture::TempDir,
+    path: String,
+}
+
+/// [`Rules`]: per user `per_user` a day, per anonymous address `per_ip` a day (fixed windows; a
+/// day so that no test straddles a window edge in practice).
+fn rules(per_user: u32, per_ip: u32) -> Rules {
     let id = uuid::Uuid::new_v4().simple().to_string();
-    let path = std::env::temp_dir().join(format!("fairlane-web-rules-{id}.yaml"));
+    let dir = testkit::git_fixture::TempDir::new("web-rules");
+    let path = dir.path().join("rules.yaml");
     std::fs::write(
         &path,
         format!(
@@ -33,7 +39,10 @@ fn rules(per_user: u32, per_ip: u32) -> PathBuf {
         ),
     )
     .unwrap();
-    path
+    Rules {
+        path: path.display().to_string(),
+        _dir: dir,
+    }
 }
 
 fn assert_limit_headers(r: &support::Resp, limit: u64) {
@@ -61,7 +70,8 @@ async fn headers_on_allowed_responses_and_a_complete_429() {
     let db = TestDb::new().await;
     let mut c = config(&db);
     c.ratelimit_enabled = true;
-    c.ratelimit_rules = rules(5, 3).display().to_string();
+    let rules = rules(5, 3);
+    c.ratelimit_rules = rules.path.clone();
     let s = TestServer::start(c).await;
     let (_, key) = user_with_key(&db.pool, "free").await;
     for n in 0..5u64 {
@@ -118,7 +128,8 @@ async fn behind_a_trusted_proxy_each_forwarded_client_has_its_own_budget() {
     let db = TestDb::new().await;
     let mut c = config(&db);
     c.ratelimit_enabled = true;
-    c.ratelimit_rules = rules(100, 2).display().to_string();
+    let trusted_rules = rules(100, 2);
+    c.ratelimit_rules = trusted_rules.path.clone();
     c.http_trusted_proxies = "127.0.0.1, ::1".into();
     let s = TestServer::start(c.clone()).await;
     assert_eq!(forwarded(&s, Some("203.0.113.1")).await, 401);
@@ -136,7 +147,8 @@ async fn behind_a_trusted_proxy_each_forwarded_client_has_its_own_budget() {
 
     // Trusting no one (the default), the header is ignored: every request is the peer's.
     c.http_trusted_proxies = String::new();
-    c.ratelimit_rules = rules(100, 2).display().to_string();
+    let untrusted_rules = rules(100, 2);
+    c.ratelimit_rules = untrusted_rules.path.clone();
     let s = TestServer::start(c).await;
     assert_eq!(forwarded(&s, Some("203.0.113.1")).await, 401);
     assert_eq!(forwarded(&s, Some("203.0.113.2")).await, 401);
@@ -150,7 +162,7 @@ async fn two_processes_sharing_redis_never_exceed_the_limit() {
     let rules = rules(20, 1000);
     let env = [
         ("RATELIMIT_ENABLED", "true".to_owned()),
-        ("RATELIMIT_RULES", rules.display().to_string()),
+        ("RATELIMIT_RULES", rules.path.clone()),
         ("REDIS_URL", testkit::redis_url()),
         ("RATELIMIT_DEADLINE", "2s".to_owned()),
     ];
@@ -198,7 +210,7 @@ async fn an_unreachable_redis_serves_requests_and_exports_what_its_alert_watches
     let rules = rules(20, 1000);
     let env = [
         ("RATELIMIT_ENABLED", "true".to_owned()),
-        ("RATELIMIT_RULES", rules.display().to_string()),
+        ("RATELIMIT_RULES", rules.path.clone()),
         (
             "REDIS_URL",
             format!("redis://127.0.0.1:{}", support::free_port()),

@@ -260,14 +260,10 @@ pub fn fixture_repository(dir: &Path) -> (String, String) {
     (format!("file://{}", dir.display()), commit)
 }
 
-/// A fresh temporary directory (removed by the OS; tests leave it for inspection on failure).
-pub fn temp_dir(label: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "fairlane-{label}-{}",
-        uuid::Uuid::new_v4().simple()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A fresh temporary directory, removed when dropped (keep the value for as long as the test
+/// uses the folder).
+pub fn temp_dir(label: &str) -> testkit::git_fixture::TempDir {
+    testkit::git_fixture::TempDir::new(label)
 }
 
 /// The environment variable names a configuration struct reads: the keys of its default,
