@@ -97,13 +97,38 @@ fn usable_postgres(addr: &str, url: &str) -> Result<(), String> {
     postgres_login(url).map_err(|why| format!("PostgreSQL on {addr} refuses {url} ({why})"))
 }
 
-/// Logs in to `url` with `psql` and runs `SELECT 1`; `Err` holds psql's first line of complaint
-/// (e.g. `fe_sendauth: no password supplied`).
+/// Logs in to `url` with `psql` and checks that the tests can use the server: PostgreSQL 15 or
+/// later (the migrations and test support use its features), not a standby (every test writes),
+/// and a role that may create databases (every test gets one). `Err` holds psql's first line of
+/// complaint (e.g. `fe_sendauth: no password supplied`) or what is missing.
 fn postgres_login(url: &str) -> Result<(), String> {
-    match postgres_query(url, "SELECT 1")?.as_str() {
-        "1" => Ok(()),
-        other => Err(format!("SELECT 1 answered `{other}`")),
+    let answer = postgres_query(
+        url,
+        "SELECT current_setting('server_version_num') || '|' || pg_is_in_recovery() || '|' || \
+         (SELECT rolsuper OR rolcreatedb FROM pg_roles WHERE rolname = current_user)",
+    )?;
+    usable_server(&answer)
+}
+
+/// [`postgres_login`]'s verdict on its query's answer (`<version_num>|<in recovery>|<can create
+/// databases>`, booleans as `true`/`false`).
+fn usable_server(answer: &str) -> Result<(), String> {
+    let fields: Vec<&str> = answer.split('|').collect();
+    let [version, recovery, create] = fields[..] else {
+        return Err(format!("its settings read as `{answer}`"));
+    };
+    match version.parse::<u32>() {
+        Ok(v) if v >= 150_000 => {}
+        Ok(v) => return Err(format!("it is PostgreSQL {}, not 15 or later", v / 10_000)),
+        Err(_) => return Err(format!("its version reads as `{version}`")),
     }
+    if recovery != "false" {
+        return Err("it is a standby (read-only)".to_owned());
+    }
+    if create != "true" {
+        return Err("the role may not create databases".to_owned());
+    }
+    Ok(())
 }
 
 /// Runs one query returning one value at `url` with `psql`, never prompting for a password;
@@ -686,6 +711,25 @@ mod tests {
     use std::net::TcpListener;
 
     use super::*;
+
+    #[test]
+    fn only_a_writable_postgresql_15_whose_role_creates_databases_is_used() {
+        assert_eq!(usable_server("150019|false|true"), Ok(()));
+        assert_eq!(usable_server("170002|false|true"), Ok(()));
+        assert_eq!(
+            usable_server("140011|false|true"),
+            Err("it is PostgreSQL 14, not 15 or later".to_owned())
+        );
+        assert_eq!(
+            usable_server("150019|true|true"),
+            Err("it is a standby (read-only)".to_owned())
+        );
+        assert_eq!(
+            usable_server("150019|false|false"),
+            Err("the role may not create databases".to_owned())
+        );
+        assert!(usable_server("garbage").is_err());
+    }
 
     #[test]
     fn only_test_databases_older_than_any_test_are_taken_for_finished_runs() {
