@@ -117,14 +117,16 @@ impl TrustedProxies {
         if !self.trusts(client) {
             return client;
         }
-        let entries: Vec<&str> = headers
+        // Split as bytes, each entry read on its own: a proxy appends the client's address to
+        // the line the client sent, so a byte that is not ASCII in the client's part must not
+        // cost the line the address the proxy wrote after it.
+        let entries: Vec<&[u8]> = headers
             .get_all(&X_FORWARDED_FOR)
             .iter()
-            .filter_map(|value| value.to_str().ok())
-            .flat_map(|value| value.split(','))
+            .flat_map(|value| value.as_bytes().split(|b| *b == b','))
             .collect();
         for entry in entries.iter().rev() {
-            let Some(hop) = forwarded_ip(entry) else {
+            let Some(hop) = std::str::from_utf8(entry).ok().and_then(forwarded_ip) else {
                 return client;
             };
             client = hop;
@@ -319,6 +321,14 @@ mod tests {
             ip("10.2.2.2")
         );
         assert_eq!(proxies.client(p, &headers(&["unknown"])), ip("10.0.0.5"));
+        // A byte that is not ASCII in the client's part of the line does not lose the address
+        // the proxy appended to it.
+        let mut raw = HeaderMap::new();
+        raw.append(
+            &X_FORWARDED_FOR,
+            HeaderValue::from_bytes(b"\xff\xfe, 203.0.113.1").unwrap(),
+        );
+        assert_eq!(proxies.client(p, &raw), ip("203.0.113.1"));
         assert_eq!(proxies.client(p, &headers(&[""])), ip("10.0.0.5"));
     }
 }
