@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 use uuid::Uuid;
 
 /// The per-user semaphores.
@@ -16,11 +16,13 @@ pub struct UserPermits {
     users: Mutex<HashMap<Uuid, Arc<Semaphore>>>,
 }
 
-/// One of a user's permits; dropping it gives it back (and forgets the user once none is held
-/// or awaited).
+/// A user's place at their semaphore: waiting for a permit, then holding it. Dropping it, at
+/// either stage (a request that timed out while it waited too), gives back what it holds and
+/// forgets the user once no request of theirs holds or waits.
 #[derive(Debug)]
 pub struct UserPermit {
-    permit: Option<OwnedSemaphorePermit>,
+    semaphore: Option<Arc<Semaphore>>,
+    holding: bool,
     user: Uuid,
     permits: Arc<UserPermits>,
 }
@@ -41,13 +43,21 @@ impl UserPermits {
                 .entry(user)
                 .or_insert_with(|| Arc::new(Semaphore::new(self.per_user))),
         );
-        // Never closed: the semaphores are only ever dropped, not closed.
-        let permit = semaphore.acquire_owned().await.ok();
-        UserPermit {
-            permit,
+        let mut place = UserPermit {
+            semaphore: Some(semaphore),
+            holding: false,
             user,
             permits: Arc::clone(self),
+        };
+        if let Some(semaphore) = &place.semaphore
+            // Never closed: the semaphores are only ever dropped, not closed.
+            && let Ok(permit) = semaphore.acquire().await
+        {
+            // Given back by hand when `place` is dropped, which owns the semaphore's handle.
+            permit.forget();
+            place.holding = true;
         }
+        place
     }
 
     /// Users with a permit held or awaited.
@@ -64,10 +74,15 @@ impl UserPermits {
 
 impl Drop for UserPermit {
     fn drop(&mut self) {
-        drop(self.permit.take());
+        if let Some(semaphore) = self.semaphore.take() {
+            if self.holding {
+                semaphore.add_permits(1);
+            }
+            drop(semaphore);
+        }
         let mut users = self.permits.lock();
         // Only the map holds it: no request of this user holds or waits for a permit (each
-        // holds a clone while it does, taken under this lock).
+        // holds a handle while it does, taken under this lock).
         if users
             .get(&self.user)
             .is_some_and(|semaphore| Arc::strong_count(semaphore) == 1)
@@ -108,6 +123,32 @@ mod tests {
         drop(other);
         assert_eq!(permits.users(), 1, "b holds nothing and is forgotten");
         drop((second, third));
+        assert_eq!(permits.users(), 0);
+    }
+
+    /// A request given the freed permit, but cancelled before it ran again (its timeout), still
+    /// leaves no entry and no permit behind.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_waiter_cancelled_after_its_permit_was_freed_leaves_nothing() {
+        let permits = UserPermits::new(1);
+        let user = Uuid::now_v7();
+        let held = permits.acquire(user).await;
+        let waiter = tokio::spawn({
+            let permits = Arc::clone(&permits);
+            async move { permits.acquire(user).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        // The permit passes to the waiter, which is cancelled before it is polled again.
+        drop(held);
+        waiter.abort();
+        assert!(waiter.await.unwrap_err().is_cancelled());
+        assert_eq!(permits.users(), 0, "the user's entry stayed behind");
+        // And the permit was not lost with it.
+        let again = tokio::time::timeout(Duration::from_secs(1), permits.acquire(user))
+            .await
+            .expect("the user's permit");
+        drop(again);
         assert_eq!(permits.users(), 0);
     }
 }
