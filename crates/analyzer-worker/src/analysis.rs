@@ -223,11 +223,12 @@ fn fetch_target(record: &AnalysisRecord) -> Option<ResolvedRef> {
 }
 
 /// The attempt on which a host the DNS says does not exist ends the job: about 17 minutes
-/// after the first (the retries wait 1 s, 2 s, 4 s …), longer than a resolver's bad answer lasts.
+/// after the first (the ten retries before it wait 1 s, 2 s, 4 s … 512 s), longer than a
+/// resolver's bad answer lasts.
 /// Until then it is retried like any DNS failure; after, a name that never existed (a typo; the
 /// API does not resolve the host of a request naming a commit) stops holding its user's quota
 /// for the days 25 attempts take.
-pub const UNKNOWN_HOST_ATTEMPTS: i16 = 10;
+pub const UNKNOWN_HOST_ATTEMPTS: i16 = 11;
 
 /// A URL the policy refuses ends the job; a DNS failure may pass and is retried, except a name
 /// the DNS keeps saying does not exist, on attempt [`UNKNOWN_HOST_ATTEMPTS`].
@@ -272,7 +273,9 @@ enum Unfinished {
 }
 
 /// Runs `work` on a blocking thread and waits at most `cap` for its result; `cleanup` runs on
-/// that thread once the result is handed over (or the work panicked), outside the cap.
+/// that thread once the result is handed over (or the work panicked), outside the cap, and is
+/// waited for before the result is returned: the job holds its slot (and the disk its checkout
+/// took) until the folder is gone, so a new job's checkout never lands beside an old one's.
 async fn within_cap<R: Send + 'static>(
     cap: Duration,
     work: impl FnOnce() -> R + Send + 'static,
@@ -287,7 +290,11 @@ async fn within_cap<R: Send + 'static>(
     });
     match tokio::time::timeout(cap, result_rx).await {
         Err(_) => Err(Unfinished::TimedOut),
-        Ok(Ok(result)) => Ok(result),
+        Ok(Ok(result)) => {
+            // The cleanup cannot fail the result: it only removes what the work used.
+            let _ = task.await;
+            Ok(result)
+        }
         // No result: the work panicked. Its thread is ending, so this wait is short.
         Ok(Err(_)) => match task.await {
             Err(join) => Err(Unfinished::Failed(join)),
@@ -312,24 +319,24 @@ mod tests {
     use records::WorkState;
 
     /// The scan's cap counts the scan, not the removal of the checkout after it: a scan done in
-    /// time, followed by a removal longer than the cap, still has its result.
+    /// time, followed by a removal longer than the cap, still has its result, once the removal
+    /// is done.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_cleanup_after_the_work_is_not_counted_in_its_cap() {
-        let (done_tx, done_rx) = std::sync::mpsc::channel();
-        let result = within_cap(
-            Duration::from_secs(2),
-            || 42,
+        let cleaned = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let result = within_cap(Duration::from_secs(2), || 42, {
+            let cleaned = Arc::clone(&cleaned);
             move || {
                 std::thread::sleep(Duration::from_secs(4));
-                done_tx.send(()).unwrap();
-            },
-        )
+                cleaned.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        })
         .await;
         assert_eq!(result.unwrap(), 42);
-        // The cleanup still runs to its end.
-        tokio::task::spawn_blocking(move || done_rx.recv().unwrap())
-            .await
-            .unwrap();
+        assert!(
+            cleaned.load(std::sync::atomic::Ordering::SeqCst),
+            "returned before the cleanup ended"
+        );
 
         let slow = within_cap(
             Duration::from_millis(100),
@@ -447,7 +454,7 @@ mod tests {
         ));
         assert_eq!(
             cancel_reason(url_failure(&unknown, UNKNOWN_HOST_ATTEMPTS)).as_deref(),
-            Some("host `typo.example` does not exist (the DNS knows no such name), on 10 attempts")
+            Some("host `typo.example` does not exist (the DNS knows no such name), on 11 attempts")
         );
         assert!(matches!(
             url_failure(
