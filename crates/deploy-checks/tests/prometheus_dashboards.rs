@@ -88,11 +88,11 @@ async fn start_all(http: &Http, db: &TestDb) -> BTreeMap<String, Running> {
     running
 }
 
-/// Requests through the API: accepted analyses for a Pro and a Free user, a quota rejection, a
-/// bad key; returns the ids of the accepted jobs.
-async fn use_the_api(http: &Http, db: &TestDb, web: &str) -> Vec<i64> {
-    let repo_dir = temp_dir("fixture-repo");
-    let (repository, commit) = support::fixture_repository(&repo_dir);
+/// Requests through the API: accepted analyses for a Pro and a Free user (of a repository in
+/// `repo_dir`, which must outlive their jobs), a quota rejection, a bad key; returns the ids of
+/// the accepted jobs.
+async fn use_the_api(http: &Http, db: &TestDb, web: &str, repo_dir: &std::path::Path) -> Vec<i64> {
+    let (repository, commit) = support::fixture_repository(repo_dir);
     let mut jobs = Vec::new();
     for (tier, requests) in [("pro", 1), ("free", 2)] {
         let user = web::admin::create_user(
@@ -367,7 +367,8 @@ async fn heavy_prometheus_scrapes_the_services_and_every_dashboard_query_returns
     let db = TestDb::new().await;
     let running = start_all(&http, &db).await;
     let web = running["web"].base.clone();
-    let api_jobs = use_the_api(&http, &db, &web).await;
+    let repo_dir = temp_dir("fixture-repo");
+    let api_jobs = use_the_api(&http, &db, &web, &repo_dir).await;
     let sleep_jobs = enqueue_sleep_jobs(&db).await;
     wait_for_jobs(&db, &sleep_jobs, &api_jobs).await;
     // Some traffic on every route family, so latency panels have several routes.

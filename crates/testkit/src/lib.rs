@@ -52,7 +52,7 @@ impl TestDb {
     pub async fn new() -> TestDb {
         let template = ensure_template().await;
         // A version 7 id: its first 48 bits are the creation time, by which `cargo xtask test`
-        // tells a finished run's database from one just created (docs/testing.md).
+        // tells a finished run's database from one just created (README.md, testing).
         let name = format!("fairlane_test_{}", uuid::Uuid::now_v7().simple());
         let mut admin = admin_connection().await;
         // CREATE DATABASE … TEMPLATE needs the template to have no other sessions; templates are

@@ -43,8 +43,11 @@ impl TcpProxy {
             let cuts = cuts.clone();
             async move {
                 while let Ok((inbound, _)) = listener.accept().await {
+                    // Subscribed before the mode is read: a `blackhole` in between still cuts
+                    // this connection (it sets the mode, then bumps the version).
+                    let cut = cuts.subscribe();
                     let mode = mode.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                    tokio::spawn(relay(inbound, mode, cuts.subscribe()));
+                    tokio::spawn(relay(inbound, mode, cut));
                 }
             }
         });

@@ -861,7 +861,7 @@ mod tests {
     /// A test cluster whose data cannot start (here: written by a server of another major
     /// version) is made again; a durable one (`dev`'s, a benchmark's) is never thrown away.
     #[test]
-    fn a_test_cluster_that_cannot_start_is_made_again_and_a_durable_one_is_kept() {
+    fn a_private_postgres_for_tests_that_cannot_start_is_made_again_and_a_durable_one_is_kept() {
         let server = ScratchServer::new("rebuild");
         server.postgres.start(Durability::Tests).unwrap();
         server.stop();
