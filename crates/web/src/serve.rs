@@ -74,6 +74,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let errors = ConnectionErrors::register();
     let connections = TaskTracker::new();
     loop {
         let slot = tokio::select! {
@@ -97,6 +98,7 @@ pub async fn serve(
         };
         let app = app.clone();
         let shutdown = shutdown.clone();
+        let errors = errors.clone();
         connections.spawn(async move {
             let _slot = slot;
             let service = hyper::service::service_fn(move |request: http::Request<Incoming>| {
@@ -117,11 +119,11 @@ pub async fn serve(
                 );
             let mut connection = std::pin::pin!(connection);
             tokio::select! {
-                served = connection.as_mut() => log_end(served, peer),
+                served = connection.as_mut() => log_end(served, peer, &errors),
                 () = shutdown.cancelled() => {
                     connection.as_mut().graceful_shutdown();
                     match tokio::time::timeout(limits.drain_timeout, connection.as_mut()).await {
-                        Ok(served) => log_end(served, peer),
+                        Ok(served) => log_end(served, peer, &errors),
                         Err(_) => tracing::debug!(%peer, "connection closed at the drain bound"),
                     }
                 }
@@ -133,8 +135,67 @@ pub async fn serve(
     connections.wait().await;
 }
 
-fn log_end(served: Result<(), hyper::Error>, peer: SocketAddr) {
+/// Why connections ended in an error before a request reached the API (hyper answers those
+/// itself, with a bare status line: 400 for a malformed request, 431 for headers beyond its
+/// buffer), counted as `fairlane.http.connection_errors{reason}`
+/// (`fairlane_http_connection_errors_total`), since no request metric sees them.
+#[derive(Debug, Clone)]
+pub struct ConnectionErrors(opentelemetry::metrics::Counter<u64>);
+
+/// The `reason` values of [`ConnectionErrors`], in [`connection_error_reason`]'s order.
+pub const CONNECTION_ERROR_REASONS: [&str; 5] = [
+    "headers_too_large",
+    "malformed",
+    "header_timeout",
+    "incomplete",
+    "other",
+];
+
+impl ConnectionErrors {
+    /// The counter on the global `fairlane` meter, every reason's series at 0 from the start.
+    pub fn register() -> ConnectionErrors {
+        let counter = opentelemetry::global::meter("fairlane")
+            .u64_counter("fairlane.http.connection_errors")
+            .with_unit("{connection}")
+            .with_description(
+                "Connections ended by an error before a request reached the API, by reason",
+            )
+            .build();
+        for reason in CONNECTION_ERROR_REASONS {
+            counter.add(0, &[opentelemetry::KeyValue::new("reason", reason)]);
+        }
+        ConnectionErrors(counter)
+    }
+
+    fn count(&self, error: &hyper::Error) {
+        self.0.add(
+            1,
+            &[opentelemetry::KeyValue::new(
+                "reason",
+                connection_error_reason(error),
+            )],
+        );
+    }
+}
+
+/// The [`CONNECTION_ERROR_REASONS`] entry of `error`.
+fn connection_error_reason(error: &hyper::Error) -> &'static str {
+    if error.is_parse_too_large() {
+        "headers_too_large"
+    } else if error.is_parse() || error.is_parse_status() {
+        "malformed"
+    } else if error.is_timeout() {
+        "header_timeout"
+    } else if error.is_incomplete_message() {
+        "incomplete"
+    } else {
+        "other"
+    }
+}
+
+fn log_end(served: Result<(), hyper::Error>, peer: SocketAddr, errors: &ConnectionErrors) {
     if let Err(e) = served {
+        errors.count(&e);
         tracing::debug!(error = %e, %peer, "connection ended with an error");
     }
 }

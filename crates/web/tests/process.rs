@@ -433,3 +433,63 @@ async fn a_large_result_is_served_without_parsing_it() {
         "reading {stored} bytes of result raised the peak by {grown} bytes"
     );
 }
+
+/// Sends `request` on a new connection to `addr` and returns the answer's status line.
+async fn raw_status_line(addr: &str, request: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    // The server may answer (and close) before it has read everything.
+    let _ = stream.write_all(request).await;
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer)).await;
+    String::from_utf8_lossy(&answer)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The value of `fairlane_http_connection_errors_total{reason="<reason>"}` in `metrics`.
+fn connection_errors(metrics: &str, reason: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|line| {
+            line.starts_with("fairlane_http_connection_errors_total{")
+                && line.contains(&format!("reason=\"{reason}\""))
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Requests hyper refuses itself (a malformed request line, headers beyond its limits) never
+/// reach the API's request metric; they are counted by reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_refused_before_the_api_are_counted_by_reason() {
+    let db = TestDb::new().await;
+    let (_child, http) = spawn_web(&db, &[]).await;
+    let addr = http.base.trim_start_matches("http://").to_owned();
+    let before = http.send(Method::GET, "/metrics", &[], None).await.text();
+    for reason in web::serve::CONNECTION_ERROR_REASONS {
+        assert_eq!(
+            connection_errors(&before, reason),
+            0.0,
+            "{reason}\n{before}"
+        );
+    }
+    let malformed = raw_status_line(&addr, b"NOT HTTP AT ALL\r\n\r\n").await;
+    assert!(malformed.contains(" 400 "), "{malformed}");
+    let mut many = b"GET /healthz HTTP/1.1\r\nHost: fairlane\r\n".to_vec();
+    for n in 0..200 {
+        many.extend_from_slice(format!("X-Filler-{n}: x\r\n").as_bytes());
+    }
+    many.extend_from_slice(b"\r\n");
+    let too_large = raw_status_line(&addr, &many).await;
+    assert!(too_large.contains(" 431 "), "{too_large}");
+    testkit::eventually(Duration::from_secs(10), "both to be counted", || async {
+        let after = http.send(Method::GET, "/metrics", &[], None).await.text();
+        (connection_errors(&after, "malformed") == 1.0
+            && connection_errors(&after, "headers_too_large") == 1.0)
+            .then_some(())
+    })
+    .await;
+}
