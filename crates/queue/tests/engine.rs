@@ -809,10 +809,7 @@ async fn an_engine_whose_completer_stopped_stops_and_says_so() {
         .unwrap()
         .job;
     let engine = start(&client, fast_config(), &[("q", 2)], workers);
-    let ended = tokio::time::timeout(Duration::from_secs(30), engine.handle)
-        .await
-        .expect("the engine stops on its own")
-        .expect("engine task panicked");
+    let ended = ended_on_its_own(engine.handle).await;
     assert!(
         matches!(ended, Err(queue::QueueError::CompleterStopped)),
         "{ended:?}"
@@ -824,6 +821,16 @@ async fn an_engine_whose_completer_stopped_stops_and_says_so() {
     assert_eq!(workers_left, 0, "deregistered");
     let stuck = client.job(job.id).await.unwrap().unwrap();
     assert_eq!(stuck.state, JobState::Running, "left for the rescuer");
+}
+
+/// What an engine that stops by itself (no shutdown asked) ended with, within 30 s.
+async fn ended_on_its_own(
+    handle: tokio::task::JoinHandle<Result<(), queue::QueueError>>,
+) -> Result<(), queue::QueueError> {
+    tokio::time::timeout(Duration::from_secs(30), handle)
+        .await
+        .expect("the engine stops on its own")
+        .expect("engine task panicked")
 }
 
 /// A worker that runs `Noop` jobs for `ms` milliseconds, ignoring cancellation.
@@ -870,10 +877,7 @@ async fn an_engine_whose_maintenance_panicked_stops_and_says_so() {
         !engine.handle.is_finished(),
         "the lease was kept until the drain ended"
     );
-    let ended = tokio::time::timeout(Duration::from_secs(30), engine.handle)
-        .await
-        .expect("the engine stops on its own")
-        .expect("engine task panicked");
+    let ended = ended_on_its_own(engine.handle).await;
     assert!(
         matches!(ended, Err(queue::QueueError::BackgroundTaskPanicked)),
         "{ended:?}"

@@ -1189,12 +1189,7 @@ async fn cleanup_racing_links_never_removes_a_live_jobs_reservation() {
             tokio::spawn(async move {
                 let (mut linked, mut refused) = (0_u64, 0_u64);
                 for _ in 0..ROUNDS {
-                    let mut tx = pool.begin().await.unwrap();
-                    let reservation = quota
-                        .reserve(&mut tx, user, Service::Analysis, Utc::now())
-                        .await
-                        .unwrap();
-                    tx.commit().await.unwrap();
+                    let reservation = committed_reservation(&pool, &quota, user).await;
                     let mut tx = pool.begin().await.unwrap();
                     let inserted = client
                         .insert_tx(&mut tx, analysis_job(user, reservation.tier))
