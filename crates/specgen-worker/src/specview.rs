@@ -53,6 +53,19 @@ impl SpecviewWorker {
 #[async_trait]
 impl Worker<SpecviewArgs> for SpecviewWorker {
     async fn work(&self, ctx: &JobContext, args: SpecviewArgs) -> Result<(), JobError> {
+        // A user's cancel, the job's timeout or a shutdown ends the job here, whatever step it
+        // is at: nothing is staged after it, so nothing is billed. A rendering already started
+        // runs to its end on its blocking thread (the inventory's caps bound it) and is dropped.
+        tokio::select! {
+            biased;
+            () = ctx.cancelled() => Err(JobError::msg("stopped before the specview was stored")),
+            result = self.render(ctx, args) => result,
+        }
+    }
+}
+
+impl SpecviewWorker {
+    async fn render(&self, ctx: &JobContext, args: SpecviewArgs) -> Result<(), JobError> {
         let job_id = ctx.id();
         let record = records::specviews::claim(&self.pool, args.specview_id, job_id)
             .await?

@@ -1,7 +1,7 @@
 //! The `specview` job with a real `specgen-worker` process and PostgreSQL: a known analysis
 //! becomes the expected specification (JSON and Markdown) and is billed once; a specview that
 //! cannot be made (analysis not completed, unreadable result) fails its record with the reason,
-//! releases its reservation and bills nothing.
+//! releases its reservation and bills nothing; one cancelled while it runs stores and bills nothing.
 
 #![allow(clippy::unwrap_used)]
 
@@ -276,5 +276,92 @@ async fn heavy_specviews_of_known_and_unusable_analyses() {
         ("failed", "cancelled", 0, 0, None)
     );
 
+    assert!(worker.terminate(Duration::from_secs(30)).await.success());
+}
+
+/// The statements of the test database's sessions that wait for a lock.
+async fn waiting_statements(pool: &PgPool) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT query FROM pg_stat_activity WHERE datname = current_database() \
+         AND wait_event_type = 'Lock'",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heavy_a_specview_cancelled_while_it_runs_stores_and_bills_nothing() {
+    let db = TestDb::new().await;
+    let u = user(&db.pool).await;
+    let known = analysis(&db.pool, u, COMMIT, "completed", known_analysis()).await;
+    let (specview, job) = enqueue(&db.pool, u, known).await;
+    // The record's row is held, so the job stops at its claim until the test lets go.
+    let mut held = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM specviews WHERE id = $1 FOR UPDATE")
+        .bind(specview)
+        .execute(&mut *held)
+        .await
+        .unwrap();
+    // The grace is long enough that only the handler's own stop can end the job in this test.
+    let mut worker = ChildProcess::spawn(
+        "specgen-worker",
+        BIN,
+        &[],
+        &[
+            ("DATABASE_URL", db.url()),
+            ("HTTP_ADDR", "127.0.0.1:0".into()),
+            ("QUEUE_CANCEL_GRACE", "120s".into()),
+            ("RUST_LOG", "warn".into()),
+        ],
+    );
+    testkit::eventually(Duration::from_secs(30), "the claim to wait", || async {
+        let waiting = waiting_statements(&db.pool).await;
+        waiting
+            .iter()
+            .any(|q| q.contains("WITH claimed"))
+            .then_some(())
+    })
+    .await;
+
+    let cancelled = queue::Client::new(db.pool.clone())
+        .cancel(job)
+        .await
+        .unwrap();
+    assert!(
+        matches!(cancelled, Some(queue::CancelResult::Requested(_))),
+        "{cancelled:?}"
+    );
+    // The job's ending writes the record too, so it waits behind the test's lock beside the
+    // claim.
+    testkit::eventually(Duration::from_secs(30), "the job's ending", || async {
+        let waiting = waiting_statements(&db.pool).await;
+        waiting
+            .iter()
+            .any(|q| !q.contains("WITH claimed"))
+            .then_some(())
+    })
+    .await;
+    held.rollback().await.unwrap();
+
+    let s = settled(&db.pool, specview, job).await;
+    assert_eq!(
+        (
+            s.state.as_str(),
+            s.error.as_deref(),
+            s.job_state.as_str(),
+            s.billed,
+            s.reserved,
+            s.markdown
+        ),
+        (
+            "failed",
+            Some("cancelled by the user"),
+            "cancelled",
+            0,
+            0,
+            None
+        )
+    );
     assert!(worker.terminate(Duration::from_secs(30)).await.success());
 }
