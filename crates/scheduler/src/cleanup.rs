@@ -24,7 +24,8 @@ pub const TASK: &str = "reservation-cleanup";
 ///
 /// The cleanup runs after the claim commits (it is idempotent: deleting orphans twice finds
 /// nothing the second time). If it fails, the tick stays claimed without a result and the next
-/// tick does the work.
+/// tick does the work. Once it has removed orphans, what it found is reported even if its record
+/// on the tick cannot be written: the next tick would find nothing left to count.
 pub async fn run_tick(
     store: &TickStore,
     ttl: Duration,
@@ -43,8 +44,15 @@ pub async fn run_tick(
         "missing_job": report.missing_job,
         "expired_without_job": report.expired_without_job,
         "orphans": report.total(),
+        "billed": report.billed,
     });
-    let mut conn = store.pool().acquire().await?;
-    TickStore::record(&mut conn, TASK, tick, &result).await?;
+    let recorded = match store.pool().acquire().await {
+        Ok(mut conn) => TickStore::record(&mut conn, TASK, tick, &result).await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = recorded {
+        tracing::warn!(task = TASK, tick_at = %tick, %result, error = %e,
+            "the cleanup's counts were not recorded on its tick");
+    }
     Ok(TickOutcome::Done(report))
 }

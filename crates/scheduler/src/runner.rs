@@ -22,6 +22,16 @@ pub const MAX_CATCH_UP: usize = 60;
 /// After a failed tick (database unreachable), try again this soon.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 
+/// How a catch-up ended.
+#[derive(Debug, Clone, Copy)]
+struct CaughtUp {
+    /// How far the database's clock is ahead of this replica's.
+    clock_offset: chrono::TimeDelta,
+    /// The database's time the catch-up read its due ticks at, when it ran them all (`None` when
+    /// it stopped early: leadership lost or a shutdown).
+    done_up_to: Option<chrono::DateTime<Utc>>,
+}
+
 /// What a cron task does on each tick.
 #[derive(Debug, Clone)]
 pub enum CronTask {
@@ -57,9 +67,15 @@ impl Periodic {
         let mut clock_offset = chrono::TimeDelta::zero();
         loop {
             let mut failed = false;
+            // Up to when every due tick ran, by the database's clock, when a catch-up ran them
+            // all: a tick that fell due while they ran is run next, not a period late.
+            let mut done_up_to = None;
             if leader.is_leader() {
                 match self.catch_up(&leader, &shutdown).await {
-                    Ok(offset) => clock_offset = offset,
+                    Ok(caught_up) => {
+                        clock_offset = caught_up.clock_offset;
+                        done_up_to = caught_up.done_up_to;
+                    }
                     Err(e) => {
                         tracing::warn!(task = name, error = %e, "scheduler tick failed; retrying");
                         self.metrics.tick(name, "failed");
@@ -67,9 +83,10 @@ impl Periodic {
                     }
                 }
             }
+            let now = Utc::now() + clock_offset;
             let until_next = self
                 .schedule
-                .until_next(Utc::now() + clock_offset)
+                .until_next_after(done_up_to.unwrap_or(now), now)
                 .unwrap_or(Duration::from_secs(3600));
             let wait = if failed {
                 until_next.min(RETRY_AFTER)
@@ -84,16 +101,18 @@ impl Periodic {
         }
     }
 
-    /// Runs the ticks due by the database's clock, in order, while this replica leads; returns
-    /// how far that clock is ahead of this replica's.
+    /// Runs the ticks due by the database's clock, in order, while this replica leads.
     async fn catch_up(
         &self,
         leader: &LeaderHandle,
         shutdown: &CancellationToken,
-    ) -> Result<chrono::TimeDelta, SchedulerError> {
+    ) -> Result<CaughtUp, SchedulerError> {
         let name = self.task.name();
         let frontier = self.store.frontier(name).await?;
-        let clock_offset = frontier.now - Utc::now();
+        let stopped = CaughtUp {
+            clock_offset: frontier.now - Utc::now(),
+            done_up_to: None,
+        };
         let due = self
             .schedule
             .due_ticks(frontier.last_done, frontier.now, MAX_CATCH_UP);
@@ -109,16 +128,19 @@ impl Periodic {
             // Checked right before acting; the claim's fence re-checks by the database's clock.
             // A shutdown stops a catch-up between ticks, so the replica resigns at once.
             if !leader.is_leader() || shutdown.is_cancelled() {
-                return Ok(clock_offset);
+                return Ok(stopped);
             }
             let span = tracing::info_span!("scheduler.tick", task = name, tick_at = %tick);
             let outcome = self.run_tick(tick).instrument(span).await?;
             self.metrics.tick(name, outcome);
             if outcome == "not_leader" {
-                return Ok(clock_offset);
+                return Ok(stopped);
             }
         }
-        Ok(clock_offset)
+        Ok(CaughtUp {
+            done_up_to: Some(frontier.now),
+            ..stopped
+        })
     }
 
     async fn run_tick(&self, tick: chrono::DateTime<Utc>) -> Result<&'static str, SchedulerError> {
@@ -151,6 +173,7 @@ impl Periodic {
                             final_job = report.final_job,
                             missing_job = report.missing_job,
                             expired_without_job = report.expired_without_job,
+                            billed = report.billed,
                             "orphaned quota reservations removed (a rising count means workers \
                              are failing to release)"
                         );

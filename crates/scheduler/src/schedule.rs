@@ -114,7 +114,18 @@ impl Schedule {
     /// How long to sleep at `now` until the next tick (a millisecond late rather than early, so
     /// the wake-up finds the tick due). `None` if the schedule never fires again.
     pub fn until_next(&self, now: DateTime<Utc>) -> Option<std::time::Duration> {
-        let next = self.next_after(now)?;
+        self.until_next_after(now, now)
+    }
+
+    /// How long to sleep at `now` until the first tick after `done_up_to` (the instant up to
+    /// which every tick was run): no time at all if that tick came due meanwhile, as one that fell
+    /// due while the ticks before it ran has.
+    pub fn until_next_after(
+        &self,
+        done_up_to: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Option<std::time::Duration> {
+        let next = self.next_after(done_up_to)?;
         let wait = (next - now).to_std().unwrap_or_default();
         Some(wait + std::time::Duration::from_millis(1))
     }
@@ -234,6 +245,20 @@ mod tests {
                 .ticks,
             vec![at("2026-11-24T03:00:00Z")]
         );
+    }
+
+    #[test]
+    fn a_tick_that_fell_due_while_others_ran_is_not_slept_past() {
+        let s = Schedule::parse("0 * * * *").unwrap();
+        // Every tick up to 10:59:59.9 ran; it is 11:00:00.02 now: 11:00 is due at once.
+        let wait = s
+            .until_next_after(at("2026-11-24T10:59:59.9Z"), at("2026-11-24T11:00:00.02Z"))
+            .unwrap();
+        assert_eq!(wait, std::time::Duration::from_millis(1));
+        let wait = s
+            .until_next_after(at("2026-11-24T11:00:00Z"), at("2026-11-24T11:00:00.02Z"))
+            .unwrap();
+        assert_eq!(wait, std::time::Duration::from_millis(3_599_981));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! discarded, cancelled and deleted jobs are removed, as is a reservation that never got a job
 //! once past `QUOTA_RESERVATION_TTL`; the reservation of a live job (snoozed, retrying, running,
 //! waiting) is kept however far past the TTL. Orphans are counted in the tick's result and in
-//! `fairlane_scheduler_orphan_reservations_total`.
+//! `fairlane_scheduler_orphan_reservations_total`, also when the tick's result cannot be written.
 
 #![allow(clippy::unwrap_used)]
 
@@ -303,4 +303,51 @@ async fn a_tick_claimed_in_the_future_does_not_stop_the_task() {
     )
     .await;
     assert!(s.child.terminate(Duration::from_secs(20)).await.success());
+}
+
+/// Once orphans are removed, what was found is reported even if the tick's result cannot be
+/// written: the next tick would find nothing left to count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tick_whose_result_cannot_be_written_still_reports_its_orphans() {
+    let db = TestDb::new().await;
+    let user: Uuid =
+        sqlx::query_scalar("INSERT INTO users (name, tier) VALUES ('u', 'pro') RETURNING id")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let queue = select_queue(Service::Analysis, common::Tier::Pro, false);
+    let job = NewJob::from_json("done", queue, serde_json::json!({ "user_id": user })).unwrap();
+    let completed = reserved_job(&db, user, job).await;
+    sqlx::query("UPDATE fairlane_job SET state = 'completed', finalized_at = now() WHERE id = $1")
+        .bind(completed)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO fairlane_leader (name, leader_id, expires_at) \
+         VALUES ('scheduler', 'cleanup-test', now() + interval '1 hour')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse_results() RETURNS trigger LANGUAGE plpgsql AS \
+           $$ BEGIN RAISE EXCEPTION 'results refused'; END $$; \
+         CREATE TRIGGER refuse_results BEFORE UPDATE ON scheduler_ticks \
+           FOR EACH ROW EXECUTE FUNCTION refuse_results();",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let store =
+        scheduler::ticks::TickStore::new(db.pool.clone(), "cleanup-test", Duration::from_secs(60));
+    let outcome =
+        scheduler::cleanup::run_tick(&store, Duration::from_secs(3600), db_now(&db.pool).await)
+            .await
+            .unwrap();
+    let scheduler::reanalyze::TickOutcome::Done(report) = outcome else {
+        panic!("the tick was not done: {outcome:?}");
+    };
+    assert_eq!((report.final_job, report.billed, report.total()), (1, 1, 1));
+    assert!(reserved_jobs(&db).await.is_empty());
 }
