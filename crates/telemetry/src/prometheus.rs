@@ -207,7 +207,9 @@ fn sanitize_name(name: &str) -> String {
     out
 }
 
-/// A label name: invalid characters become `_`; a leading digit gets the prefix `key_`.
+/// A label name: invalid characters become `_`; a leading digit gets the prefix `key_`; the names
+/// Prometheus keeps for itself (`le`, which a histogram's buckets carry, and `__…`) get the
+/// prefix `key_` too, so a sample never carries one label twice.
 fn sanitize_label(key: &str) -> String {
     let mut out: String = key
         .chars()
@@ -219,7 +221,7 @@ fn sanitize_label(key: &str) -> String {
             }
         })
         .collect();
-    if out.starts_with(|c: char| c.is_ascii_digit()) {
+    if out.starts_with(|c: char| c.is_ascii_digit()) || out.starts_with("__") || out == "le" {
         out.insert_str(0, "key_");
     }
     if out.is_empty() {
@@ -705,6 +707,9 @@ mod tests {
                 KeyValue::new("http_route", "second"),
                 KeyValue::new("2xx", true),
                 KeyValue::new("n", 5_i64),
+                KeyValue::new("le", "x"),
+                KeyValue::new("__name__", "y"),
+                KeyValue::new("lead", "z"),
             ]
             .iter(),
         );
@@ -713,6 +718,9 @@ mod tests {
             vec![
                 ("http_route".to_owned(), "/a\\b \"c\"\nd;second".to_owned()),
                 ("key_2xx".to_owned(), "true".to_owned()),
+                ("key___name__".to_owned(), "y".to_owned()),
+                ("key_le".to_owned(), "x".to_owned()),
+                ("lead".to_owned(), "z".to_owned()),
                 ("n".to_owned(), "5".to_owned()),
             ]
         );

@@ -2,6 +2,7 @@
 //! OpenTelemetry layer), the global tracer and meter providers, the W3C propagator, and the
 //! guard that flushes and stops it all.
 
+use std::fmt::Write as _;
 use std::time::Duration;
 
 use opentelemetry::KeyValue;
@@ -13,6 +14,7 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer as _;
+use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
@@ -129,14 +131,25 @@ impl Drop for TelemetryGuard {
 }
 
 /// The `tracing` filter for `directives`. The OpenTelemetry SDK's own diagnostics (provider set,
-/// export failed, ...) are capped at `warn` unless the directives name an `opentelemetry` target.
+/// export failed, ...) are capped at `warn` unless the directives name an `opentelemetry` target:
+/// they get the directives' default level (the last bare level; none means off) or `warn`,
+/// whichever is quieter.
 fn log_filter(directives: &str) -> Result<EnvFilter, TelemetryError> {
     let mut effective = directives.trim().to_owned();
     if !effective.contains("opentelemetry") {
+        let default_level = effective
+            .split(',')
+            .filter_map(|directive| directive.trim().parse::<LevelFilter>().ok())
+            .next_back()
+            .unwrap_or(LevelFilter::OFF);
         if !effective.is_empty() {
             effective.push(',');
         }
-        effective.push_str("opentelemetry=warn");
+        let _ = write!(
+            effective,
+            "opentelemetry={}",
+            default_level.min(LevelFilter::WARN)
+        );
     }
     EnvFilter::try_new(&effective).map_err(|source| TelemetryError::LogFilter {
         filter: directives.to_owned(),
@@ -311,6 +324,22 @@ mod tests {
         assert_eq!(
             log_filter("info").unwrap().to_string(),
             "opentelemetry=warn,info"
+        );
+        // Never louder than the directives ask for everything else.
+        for (directives, hint) in [
+            ("off", LevelFilter::OFF),
+            ("error", LevelFilter::ERROR),
+            ("warn,fairlane=off", LevelFilter::WARN),
+        ] {
+            assert_eq!(
+                log_filter(directives).unwrap().max_level_hint(),
+                Some(hint),
+                "{directives}"
+            );
+        }
+        assert_eq!(
+            log_filter("web=info").unwrap().to_string(),
+            "opentelemetry=off,web=info"
         );
         assert_eq!(
             log_filter("debug,opentelemetry_sdk=debug")
