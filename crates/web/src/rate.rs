@@ -25,7 +25,7 @@ pub fn describe(
         .with(DescriptorKey::Route, route)
         .with(DescriptorKey::Method, method);
     if let Some(addr) = remote {
-        request.set(DescriptorKey::RemoteAddress, addr.to_string());
+        request.set(DescriptorKey::RemoteAddress, limited_address(addr));
     }
     match identity {
         Some(Identity::User(user)) => {
@@ -38,6 +38,22 @@ pub fn describe(
         }
     }
     request
+}
+
+/// The `remote_address` a client is limited by: an IPv4 address itself (also when written as
+/// IPv4-mapped IPv6), an IPv6 address its /64 (`2001:db8:1:2::/64`). One IPv6 host is usually
+/// handed a whole /64, so per-address budgets would give it 2^64 of them.
+pub fn limited_address(addr: IpAddr) -> String {
+    match addr {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => v4.to_string(),
+            None => {
+                let network = u128::from(v6) & !(u128::from(u64::MAX));
+                format!("{}/64", std::net::Ipv6Addr::from(network))
+            }
+        },
+    }
 }
 
 /// A structured-field string (RFC 8941): quotes and backslashes escaped, other non-printables
@@ -203,6 +219,46 @@ mod tests {
         assert_eq!(anon.get(DescriptorKey::Tier), Some("anonymous"));
         assert_eq!(anon.get(DescriptorKey::UserId), None);
         assert_eq!(anon.get(DescriptorKey::ApiKey), None);
+    }
+
+    #[test]
+    fn ipv6_clients_are_limited_by_their_64() {
+        for (addr, limited) in [
+            ("192.0.2.1", "192.0.2.1"),
+            ("::ffff:192.0.2.1", "192.0.2.1"),
+            ("2001:db8:1:2:aaaa:bbbb:cccc:dddd", "2001:db8:1:2::/64"),
+            ("2001:db8:1:2::1", "2001:db8:1:2::/64"),
+            ("::1", "::/64"),
+        ] {
+            assert_eq!(limited_address(addr.parse().unwrap()), limited, "{addr}");
+        }
+    }
+
+    #[tokio::test]
+    async fn addresses_of_one_ipv6_64_share_the_anonymous_budget() {
+        let limiter = memory_limiter(
+            "domain: web\n\
+             descriptors:\n\
+             \x20 - key: tier\n\
+             \x20   value: anonymous\n\
+             \x20   descriptors:\n\
+             \x20     - key: remote_address\n\
+             \x20       rate_limit: {unit: minute, requests_per_unit: 30, algorithm: sliding_window}\n",
+        );
+        let mut allowed = 0;
+        for host in 1..=31u16 {
+            let addr = IpAddr::V6(std::net::Ipv6Addr::new(0x2001, 0xdb8, 7, 7, host, 0, 0, 1));
+            let outcome = limiter
+                .check(&describe(None, Some(addr), "/v1/usage", "GET"))
+                .await;
+            allowed += u32::from(outcome.allowed);
+        }
+        assert_eq!(allowed, 30);
+        let elsewhere: IpAddr = "2001:db8:7:8::1".parse().unwrap();
+        let outcome = limiter
+            .check(&describe(None, Some(elsewhere), "/v1/usage", "GET"))
+            .await;
+        assert!(outcome.allowed, "another /64 has its own budget");
     }
 
     #[tokio::test]
