@@ -78,6 +78,11 @@ impl Default for TelemetryConfig {
     }
 }
 
+/// How long the metrics SDK waits for its reader's last export at shutdown, whatever timeout it
+/// is given (`opentelemetry_sdk` 0.33: `SdkMeterProvider::shutdown_with_timeout` ignores its
+/// argument and the periodic reader waits a fixed 5 s, behind an export already under way).
+pub const METRICS_SHUTDOWN_WAIT: Duration = Duration::from_secs(5);
+
 impl TelemetryConfig {
     /// Defaults for the named service at the given version, e.g.
     /// `TelemetryConfig::for_service("fairlane-web", env!("CARGO_PKG_VERSION"))`.
@@ -95,10 +100,11 @@ impl TelemetryConfig {
         self.otlp_export_timeout + Duration::from_secs(1)
     }
 
-    /// The longest the telemetry guard's shutdown can take: traces, then metrics, each within
-    /// [`TelemetryConfig::flush_timeout`]. A deployment's grace period must cover it.
+    /// The longest the telemetry guard's shutdown can take: traces within
+    /// [`TelemetryConfig::flush_timeout`], then metrics within that or
+    /// [`METRICS_SHUTDOWN_WAIT`], whichever is longer. A deployment's grace period must cover it.
     pub fn shutdown_bound(&self) -> Duration {
-        self.flush_timeout() * 2
+        self.flush_timeout() + self.flush_timeout().max(METRICS_SHUTDOWN_WAIT)
     }
 
     /// Refuses settings that would break exporting or hang shutdown: an `OTLP_EXPORT_TIMEOUT`
@@ -131,6 +137,22 @@ impl TelemetryConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_shutdown_bound_covers_the_metrics_sdks_fixed_wait() {
+        let with_timeout = |secs| TelemetryConfig {
+            otlp_export_timeout: Duration::from_secs(secs),
+            ..TelemetryConfig::default()
+        };
+        // Spans within timeout + 1 s; metrics within the same or the SDK's 5 s, the longer.
+        assert_eq!(with_timeout(1).shutdown_bound(), Duration::from_secs(2 + 5));
+        assert_eq!(with_timeout(3).shutdown_bound(), Duration::from_secs(4 + 5));
+        assert_eq!(with_timeout(5).shutdown_bound(), Duration::from_secs(6 + 6));
+        assert_eq!(
+            with_timeout(10).shutdown_bound(),
+            Duration::from_secs(11 + 11)
+        );
+    }
 
     #[test]
     fn defaults_are_json_info_and_no_exporter() {

@@ -19,7 +19,7 @@ pub mod signals;
 #[cfg(feature = "test-receiver")]
 pub mod testing;
 
-pub use config::{LogFormat, OtlpProtocol, TelemetryConfig};
+pub use config::{LogFormat, METRICS_SHUTDOWN_WAIT, OtlpProtocol, TelemetryConfig};
 pub use prometheus::{
     PROMETHEUS_CONTENT_TYPE, PrometheusReader, SECONDS_BUCKETS, render_prometheus,
     seconds_histogram_view,

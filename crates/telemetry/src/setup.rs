@@ -56,8 +56,9 @@ pub enum TelemetryError {
 }
 
 /// Keeps telemetry running. Dropping it (or calling [`TelemetryGuard::shutdown`]) exports what is
-/// buffered and stops the exporters; that blocks for at most about
-/// `otlp_export_timeout` + 1 s for traces and 5 s for metrics, even when the collector is gone.
+/// buffered and stops the exporters; that blocks for at most
+/// [`TelemetryConfig::shutdown_bound`] (`otlp_export_timeout` + 1 s for traces, then as long or
+/// the metrics SDK's fixed 5 s, the longer, for metrics), even when the collector is gone.
 /// Hold it in `main` for the life of the process.
 #[must_use = "dropping the guard shuts telemetry down"]
 pub struct TelemetryGuard {
