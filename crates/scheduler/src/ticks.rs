@@ -12,9 +12,13 @@
 //! 2. **Claim**: `INSERT … ON CONFLICT DO NOTHING` on `(task, tick_at)`. A concurrent claimer of
 //!    the same tick waits for the first one's transaction and then finds the row.
 //!
-//! Each tick transaction sets `idle_in_transaction_session_timeout` to the lease TTL: a replica
-//! frozen mid-transaction (SIGSTOP, a VM pause) is disconnected by the server, which rolls its
-//! work back and releases its locks, instead of blocking the next leader.
+//! Each tick transaction sets `idle_in_transaction_session_timeout` to a third of the lease TTL:
+//! a replica frozen mid-transaction (SIGSTOP, a VM pause, a partition) is disconnected by the
+//! server, which rolls its work back and releases its locks, instead of blocking the next leader.
+//! The share lock holds back the leader's own renewals too, so the freeze may come up to a third
+//! of the TTL after the last renewal: cut off a third of the TTL later, the lock is gone by the
+//! time the lease expires, and the takeover bound holds (for ticks shorter than a third of the
+//! TTL, which ticks are by far).
 
 use std::time::Duration;
 
@@ -95,7 +99,7 @@ impl TickStore {
     pub async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         sqlx::query("SELECT set_config('idle_in_transaction_session_timeout', $1, true)")
-            .bind(common::config::postgres_millis(self.lease_ttl))
+            .bind(common::config::postgres_millis(self.lease_ttl / 3))
             .execute(&mut *tx)
             .await?;
         Ok(tx)

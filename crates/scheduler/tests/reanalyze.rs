@@ -360,6 +360,29 @@ async fn a_claimer_frozen_in_its_transaction_is_cut_off_and_the_tick_stays_avail
     );
 }
 
+/// The cut-off is a third of the TTL: the tick's share lock holds back the leader's renewals, so
+/// a leader frozen mid-tick up to a third of the TTL after its last renewal must have let go by
+/// the time its lease expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimer_frozen_for_a_third_of_the_ttl_is_cut_off() {
+    let db = TestDb::new().await;
+    lease(&db.pool, "me", true).await;
+    let frozen = TickStore::new(db.pool.clone(), "me", Duration::from_secs(3));
+    let mut tx = frozen.begin().await.unwrap();
+    assert_eq!(
+        frozen
+            .claim(&mut tx, "reanalyze", tick("2026-11-24T10:00:00Z"))
+            .await
+            .unwrap(),
+        Claim::Claimed
+    );
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    assert!(
+        tx.commit().await.is_err(),
+        "the server ended the session frozen for more than a third of the TTL"
+    );
+}
+
 /// The fence reads the lease against the database's clock at the claim, not at the start of the
 /// transaction: a transaction begun under a lease that lapsed while it did its reads claims
 /// nothing.
