@@ -221,30 +221,36 @@ pub async fn run(
     }
 }
 
+/// One round: the live counts and reservations, then (when due) the final counts. Counts that
+/// could not be read are not exported as if current: a failed live count removes every series
+/// until a count succeeds, and a failed final count removes the final states' series (retried
+/// next round) but not the live counts read before it.
 async fn refresh(
     pool: &PgPool,
     gauges: &DepthGauges,
     known: &mut BTreeSet<String>,
     finals: bool,
 ) -> Result<(), SchedulerError> {
-    let mut conn = pool.acquire().await?;
-    let live = count_live(&mut conn).await?;
-    let final_rows = if finals {
-        Some(count_final(&mut conn).await?)
-    } else {
-        None
+    let live_counts = async {
+        let mut conn = pool.acquire().await?;
+        let live = count_live(&mut conn).await?;
+        let reservations = quota::active_reservations(&mut conn).await?;
+        Ok::<_, SchedulerError>((conn, live, reservations))
     };
-    let reservations = quota::active_reservations(&mut conn).await?;
+    let (mut conn, live, reservations) = match live_counts.await {
+        Ok(counts) => counts,
+        Err(e) => {
+            gauges.clear();
+            return Err(e);
+        }
+    };
     known.extend(live.iter().map(|(q, _, _)| q.clone()));
-    if let Some(rows) = &final_rows {
-        known.extend(rows.iter().map(|(q, _, _)| q.clone()));
-    }
-    let mut s = lock(&gauges.snapshot);
-    s.live = zero_filled(known, &LIVE_STATES, &live);
-    match &final_rows {
-        Some(rows) => s.finals = zero_filled(known, &FINAL_STATES, rows),
-        None => {
-            // Queues first seen in this round read 0 in final states until the next final count.
+    {
+        let mut s = lock(&gauges.snapshot);
+        s.live = zero_filled(known, &LIVE_STATES, &live);
+        s.reservations = reservations;
+        // Queues first seen in this round read 0 in final states until the next final count.
+        if !s.finals.is_empty() {
             for q in known.iter() {
                 for state in FINAL_STATES {
                     s.finals.entry((q.clone(), state.as_str())).or_insert(0);
@@ -252,7 +258,24 @@ async fn refresh(
             }
         }
     }
-    s.reservations = reservations;
+    if finals {
+        match count_final(&mut conn).await {
+            Ok(rows) => {
+                known.extend(rows.iter().map(|(q, _, _)| q.clone()));
+                let mut s = lock(&gauges.snapshot);
+                s.finals = zero_filled(known, &FINAL_STATES, &rows);
+                for q in known.iter() {
+                    for state in LIVE_STATES {
+                        s.live.entry((q.clone(), state.as_str())).or_insert(0);
+                    }
+                }
+            }
+            Err(e) => {
+                lock(&gauges.snapshot).finals.clear();
+                return Err(e.into());
+            }
+        }
+    }
     Ok(())
 }
 

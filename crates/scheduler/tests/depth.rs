@@ -240,3 +240,91 @@ async fn the_depth_gauge_equals_the_database_counts_and_only_the_leader_exports_
             .success()
     );
 }
+
+/// A leader whose count of final jobs fails (here: its role may not read `finalized_at`) still
+/// exports the live counts, and exports no final-state counts rather than stale ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_counts_are_exported_when_the_final_count_fails() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    insert(&client, "analysis_default", 2).await;
+    let done = insert(&client, "reports", 1).await;
+    set_state(&db, &done, "completed").await;
+    // Roles belong to the server, so this one is named after the test's database.
+    let role = format!("{}_blind", db.name);
+    let columns: Vec<String> = sqlx::query_scalar(
+        "SELECT quote_ident(column_name::text) FROM information_schema.columns \
+         WHERE table_name = 'fairlane_job' AND column_name <> 'finalized_at'",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE ROLE {role} LOGIN PASSWORD 'blind'; \
+         GRANT USAGE ON SCHEMA public TO {role}; \
+         GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}; \
+         GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}; \
+         REVOKE ALL ON fairlane_job FROM {role}; \
+         GRANT SELECT ({}), INSERT, UPDATE, DELETE ON fairlane_job TO {role};",
+        columns.join(", ")
+    )))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let url = format!(
+        "postgres://{role}:blind@{}/{}",
+        db.server_address(),
+        db.name
+    );
+    let quiet = [
+        ("QUEUE_MAINTENANCE", "false"),
+        ("REANALYZE_ENABLED", "false"),
+        ("RESERVATION_CLEANUP_SCHEDULE", "0 0 1 1 *"),
+    ];
+    let mut leader = Scheduler::spawn("blind-leader", &url, &quiet);
+    eventually(Duration::from_secs(30), "leader elected", || async {
+        (leader.status().await["scheduler_leader"] == true).then_some(())
+    })
+    .await;
+
+    let live_only = |depths: &Depths| -> Depths {
+        depths
+            .iter()
+            .filter(|((_, state), _)| {
+                !["completed", "cancelled", "discarded"].contains(&state.as_str())
+            })
+            .map(|(k, n)| (k.clone(), *n))
+            .collect()
+    };
+    for round in ["first", "after new jobs"] {
+        if round != "first" {
+            insert(&client, "analysis_default", 5).await;
+        }
+        let expected = live_only(&db_depths(&db).await);
+        let exported = eventually(Duration::from_secs(20), round, || async {
+            let g = gauge(&leader.metrics().await, "fairlane_queue_jobs");
+            matches(&g, &expected).then_some(g)
+        })
+        .await;
+        assert!(
+            exported.keys().all(
+                |(_, state)| !["completed", "cancelled", "discarded"].contains(&state.as_str())
+            ),
+            "final states exported though they could not be counted: {exported:?}"
+        );
+    }
+    assert!(
+        leader
+            .child
+            .terminate(Duration::from_secs(20))
+            .await
+            .success()
+    );
+    drop(leader);
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP OWNED BY {role}; DROP ROLE {role};"
+    )))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+}
