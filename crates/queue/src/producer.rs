@@ -122,9 +122,13 @@ impl QueueWorker {
                 .map(|l| rt.config.fetch_cooldown.saturating_sub(l.elapsed()))
                 .unwrap_or_default();
             let wake_at = match retry_at {
-                Some(t) if t > now => t.min(next_poll),
+                Some(t) if t > now => t,
                 _ if wanted && !batch_ready => now + cooldown_left,
-                _ => next_poll,
+                _ if next_poll > now => next_poll,
+                // A poll already due is held back by busy slots or by as many fetches as may
+                // run: a freed slot or a finished fetch wakes the loop, and it polls then.
+                // Sleeping until the past instant would spin; the timer is only a backstop.
+                _ => now + rt.config.poll_interval,
             };
             tokio::select! {
                 () = shutdown.cancelled() => break,

@@ -1590,3 +1590,60 @@ async fn attempted_by_keeps_the_newest_hundred_workers() {
     assert_eq!(done.attempted_by[98], "old-150");
     assert_eq!(done.attempted_by[99], worker_id);
 }
+
+/// CPU time this process has used (user + system), from `/proc/self/stat`.
+fn process_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    // The fields after the command name (which is in parentheses and may hold spaces).
+    let after_name = stat.rfind(')').expect("a command name in parentheses") + 2;
+    let fields: Vec<&str> = stat[after_name..].split(' ').collect();
+    let ticks = |i: usize| fields[i].parse::<u64>().expect("a tick count");
+    // utime and stime, the 14th and 15th fields of the line.
+    let ticks = ticks(11) + ticks(12);
+    // The kernel reports in USER_HZ, 100 per second on Linux.
+    Duration::from_millis(ticks * 10)
+}
+
+/// Busy slots are a normal state (long jobs, full fleet): while every slot of a queue is busy
+/// past its poll interval, the producer waits for a slot instead of spinning. It used to sleep
+/// until the poll's instant, already past, and so burned a core for as long as the slots stayed
+/// busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_whose_slots_are_all_busy_waits_without_spinning() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let mut workers = Workers::new();
+    workers.register_fn::<Sleep, _, _>(|_ctx, args| async move {
+        tokio::time::sleep(Duration::from_millis(args.ms)).await;
+        Ok(())
+    });
+    let config = queue::EngineConfig {
+        poll_interval: Duration::from_millis(100),
+        ..fast_config()
+    };
+    let engine = start(&client, config, &[("busy", 1)], workers);
+    let job = client
+        .insert(NewJob::new(q("busy"), &Sleep { ms: 4_000 }).unwrap())
+        .await
+        .unwrap()
+        .job
+        .id;
+    eventually(Duration::from_secs(10), "the job runs", || async {
+        (state_of(&db.pool, job).await == "running").then_some(())
+    })
+    .await;
+    let before = process_cpu();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let used = process_cpu() - before;
+    eventually(Duration::from_secs(10), "the job completes", || async {
+        (state_of(&db.pool, job).await == "completed").then_some(())
+    })
+    .await;
+    engine.stop().await;
+    // Heartbeats, promotion and maintenance cost a few milliseconds a second; a spinning
+    // producer costs a whole core: 3 s here.
+    assert!(
+        used < Duration::from_millis(600),
+        "{used:?} of CPU in 3 s with the only slot busy"
+    );
+}
