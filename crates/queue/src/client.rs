@@ -80,7 +80,8 @@ impl Client {
     }
 
     /// [`Client::begin`] on a connection the caller holds (one it keeps between transactions,
-    /// sparing the pool's check-out and check-in round trips), whose first statement is
+    /// sparing the pool's check-out and check-in round trips), READ COMMITTED whatever the
+    /// session's default, whose first statement is
     /// `first`, sent with the `BEGIN` in one simple query (one round trip for both): `first` can
     /// take no parameters and its rows are discarded, so it suits a statement run for its
     /// effect, such as taking locks.
@@ -93,7 +94,10 @@ impl Client {
         conn: &'c mut PgConnection,
         first: &str,
     ) -> Result<QueueTx<'c>, QueueError> {
-        let statement = sqlx::AssertSqlSafe(format!("BEGIN; {first}"));
+        // READ COMMITTED whatever the session's default: a `first` that takes locks is meant to
+        // be followed by statements that see what the previous holder committed.
+        let statement =
+            sqlx::AssertSqlSafe(format!("BEGIN ISOLATION LEVEL READ COMMITTED; {first}"));
         Ok(self.queue_tx(sqlx::Connection::begin_with(conn, statement).await?))
     }
 

@@ -55,6 +55,14 @@ pub enum QuotaError {
         start: DateTime<Utc>,
         end: DateTime<Utc>,
     },
+    /// The check ran in a transaction whose snapshot outlives the wait for the users' locks
+    /// (REPEATABLE READ or SERIALIZABLE): its read could miss what the previous lock holder
+    /// reserved, so it decides nothing.
+    #[error(
+        "quota checks need READ COMMITTED transactions, and this one is {0}: its snapshot could \
+         predate the reservations of whoever held the user's lock before it"
+    )]
+    NotReadCommitted(String),
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
 }

@@ -238,9 +238,21 @@ impl Quota {
             return Ok(Vec::new());
         }
         let plan = self.plan(requests.iter().copied(), now);
-        sqlx::raw_sql(sqlx::AssertSqlSafe(plan.lock_sql()))
-            .execute(&mut *conn)
-            .await?;
+        // The isolation level rides with the lock (no round trip of its own): the caller's
+        // transaction is already open, so it cannot be set here, only refused.
+        let locked = sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "{}; SELECT current_setting('transaction_isolation')",
+            plan.lock_sql()
+        )))
+        .fetch_all(&mut *conn)
+        .await?;
+        let isolation: String = match locked.last() {
+            Some(row) => sqlx::Row::try_get(row, 0)?,
+            None => String::new(),
+        };
+        if isolation != "read committed" {
+            return Err(QuotaError::NotReadCommitted(isolation));
+        }
         let rows = read_standings(conn, &plan).await?;
         let (plan, rows) = self.settle_period(conn, plan, rows).await?;
         self.decide(&plan, &rows, requests)

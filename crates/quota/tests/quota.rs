@@ -206,14 +206,53 @@ async fn concurrent_reservations_never_exceed_the_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_split_check_that_waited_for_the_lock_sees_the_holders_reservation() {
     let db = TestDb::new().await;
-    let client = Client::new(db.pool.clone());
+    the_split_check_that_waited_sees_the_holders_reservation(&db, db.pool.clone()).await;
+}
+
+/// A database whose sessions default to REPEATABLE READ (an operator's `ALTER DATABASE`), on a
+/// pool that sets nothing: the split check's `BEGIN` says READ COMMITTED itself, so a check that
+/// waited for the lock still sees the holder's reservation; `check`, which runs in its caller's
+/// transaction, refuses to decide rather than read a snapshot older than the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_never_decide_on_a_snapshot_older_than_the_lock() {
+    let db = TestDb::new().await;
+    db.set_default_isolation("repeatable read").await;
+    let pool = db.pool_with(4).await;
+    the_split_check_that_waited_sees_the_holders_reservation(&db, pool.clone()).await;
+
+    let quota = quota();
+    let user = user(&pool, "free").await;
+    let mut tx = pool.begin().await.unwrap();
+    let refused = quota
+        .check(&mut tx, user, Service::Analysis, Utc::now())
+        .await;
+    assert!(
+        matches!(&refused, Err(QuotaError::NotReadCommitted(level)) if level == "repeatable read"),
+        "{refused:?}"
+    );
+    tx.rollback().await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let grant = quota
+        .check(&mut tx, user, Service::Analysis, Utc::now())
+        .await
+        .unwrap();
+    grant.reserve(&mut tx, None).await.unwrap();
+    tx.commit().await.unwrap();
+}
+
+async fn the_split_check_that_waited_sees_the_holders_reservation(db: &TestDb, pool: PgPool) {
+    let client = Client::new(pool.clone());
     let quota = quota();
     let user = user(&db.pool, "free").await;
     seed_usage(&db.pool, user, "analysis", 49).await; // limit 50: one unit left
     let request = [(user, Service::Analysis)];
 
     // The first holder takes the lock and reserves the last unit, and keeps its transaction open.
-    let mut first_conn = db.pool.acquire().await.unwrap();
+    let mut first_conn = pool.acquire().await.unwrap();
     let (mut first, grants) = split_check(&client, &quota, &mut first_conn, &request).await;
     let grant = grants.into_iter().next().unwrap().unwrap();
     let inserted = first.insert(analysis_job(user, grant.tier)).await.unwrap();
@@ -224,7 +263,7 @@ async fn a_split_check_that_waited_for_the_lock_sees_the_holders_reservation() {
 
     // The second check blocks on the lock until the first commits.
     let second = {
-        let (pool, client, quota) = (db.pool.clone(), client.clone(), quota.clone());
+        let (pool, client, quota) = (pool.clone(), client.clone(), quota.clone());
         tokio::spawn(async move {
             let mut conn = pool.acquire().await.unwrap();
             let (tx, outcome) = split_check(&client, &quota, &mut conn, &request).await;
