@@ -444,7 +444,11 @@ pub(crate) async fn insert_bulk_with(
     if jobs.is_empty() {
         return Ok((0, Vec::new()));
     }
-    let now = Utc::now();
+    // The database's clock, as the other insert paths' `now()`: this host's clock decides
+    // nothing about when a job is due.
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&mut *conn)
+        .await?;
     let mut copy = conn
         .copy_in_raw(
             "COPY fairlane_job (state, kind, queue, args, priority, max_attempts, scheduled_at, metadata) \

@@ -18,7 +18,7 @@
 /// The state a job starts in, in an insert that selects its rows from a source aliased `n`
 /// with a `scheduled_at` column: runnable now unless scheduled for later. One definition for
 /// the insert statements ([`insert::insert_many`], [`compose::JobsCte`]); the binary `COPY`
-/// path decides the same in Rust.
+/// path decides the same in Rust, against the `now()` it reads from the database first.
 macro_rules! new_job_state_sql {
     () => {
         "CASE WHEN n.scheduled_at IS NULL OR n.scheduled_at <= now() \
@@ -68,4 +68,4 @@ pub use job::{AttemptError, FailureKind, JobId, JobRow, JobState};
 pub use leader::{LeaderElector, LeaderHandle};
 pub use maintenance::Maintainer;
 pub use middleware::{Middleware, Next};
-pub use outcome::{JobError, JobOutcome, from_anyhow};
+pub use outcome::{JobError, JobOutcome, MAX_SNOOZE, from_anyhow};

@@ -45,12 +45,17 @@ impl JobOutcome {
     }
 }
 
+/// The longest snooze: 100 years. PostgreSQL's timestamps end in the year 294276, and a
+/// longer snooze would fail its end and be recorded as a failure.
+pub const MAX_SNOOZE: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// What a handler returns instead of success.
 #[derive(Debug)]
 pub enum JobError {
     /// A failure: retry by the normal rules.
     Failed(BoxError),
-    /// Not now: try again after the duration, without consuming an attempt.
+    /// Not now: try again after the duration, without consuming an attempt. A snooze longer
+    /// than [`MAX_SNOOZE`] (`Duration::MAX` for "park it") is cut to it.
     Snooze(Duration),
     /// Give up for good.
     Cancel(String),
@@ -67,7 +72,7 @@ impl JobError {
                 kind: FailureKind::Error,
                 message: error_chain(&*e),
             },
-            JobError::Snooze(d) => JobOutcome::Snoozed(d),
+            JobError::Snooze(d) => JobOutcome::Snoozed(d.min(MAX_SNOOZE)),
             JobError::Cancel(reason) => JobOutcome::Cancelled(reason),
         }
     }

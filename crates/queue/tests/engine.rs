@@ -253,6 +253,35 @@ async fn a_job_snoozed_a_hundred_times_with_three_attempts_still_completes() {
     assert!(done.attempt_errors().is_empty());
 }
 
+/// "Park it": a snooze of `Duration::MAX` is cut to `MAX_SNOOZE` and the job waits, on its last
+/// attempt too. Its end used to fail in PostgreSQL (a timestamp past the year 294276), which was
+/// recorded as a failed attempt and discarded the job.
+#[tokio::test]
+async fn an_endless_snooze_parks_the_job_instead_of_failing_it() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let mut workers = Workers::new();
+    workers.register_fn::<Noop, _, _>(
+        |_ctx, _args| async move { Err(JobError::Snooze(Duration::MAX)) },
+    );
+    let job = client
+        .insert(NewJob::new(q("parked"), &Noop {}).unwrap().max_attempts(1))
+        .await
+        .unwrap()
+        .job;
+    let engine = start(&client, fast_config(), &[("parked", 1)], workers);
+    let parked = eventually(Duration::from_secs(20), "the job is snoozed", || async {
+        let j = client.job(job.id).await.unwrap().unwrap();
+        (j.snoozes() == 1).then_some(j)
+    })
+    .await;
+    engine.stop().await;
+    assert_eq!(parked.state, JobState::Scheduled);
+    assert!(parked.attempt_errors().is_empty());
+    let years = (parked.scheduled_at - chrono::Utc::now()).num_days() / 365;
+    assert!((99..=100).contains(&years), "{years} years");
+}
+
 #[tokio::test]
 async fn unknown_kinds_fail_clearly_and_follow_the_retry_rules() {
     let db = TestDb::new().await;

@@ -238,6 +238,28 @@ async fn bulk_copy_writes_every_job_with_its_fields() {
     }
 }
 
+/// A bulk load dates its jobs by the database's clock (`now()`, its transaction's start) like
+/// every other insert path, not by this host's.
+#[tokio::test]
+async fn bulk_copy_dates_jobs_by_the_databases_clock() {
+    let db = TestDb::new().await;
+    let mut tx = db.pool.begin().await.unwrap();
+    let started: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    // This host's clock moves on; the transaction's does not.
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let jobs = [NewJob::new(q("bulk"), &Noop {}).unwrap()];
+    assert_eq!(insert::insert_bulk(&mut tx, &jobs).await.unwrap(), 1);
+    let (scheduled_at, state): (chrono::DateTime<chrono::Utc>, String) =
+        sqlx::query_as("SELECT scheduled_at, state::text FROM fairlane_job")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+    assert_eq!((scheduled_at, state.as_str()), (started, "available"));
+}
+
 #[tokio::test]
 async fn bulk_copy_refuses_unique_keys_and_changes_nothing() {
     let db = TestDb::new().await;
