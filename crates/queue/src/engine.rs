@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::QueueName;
-use sqlx::postgres::PgPoolOptions;
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -232,13 +231,9 @@ impl Engine {
         };
         tasks.spawn(notifier.run(pool.clone(), background.clone()));
         // The heartbeat's own connection: see `heartbeat::run_heartbeats`.
-        let heartbeat_pool = PgPoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(rt.config.heartbeat_interval.max(Duration::from_secs(5)))
-            .connect_lazy_with((*pool.connect_options()).clone());
         tasks.spawn(heartbeat::run_heartbeats(
             Arc::clone(&rt),
-            heartbeat_pool,
+            (*pool.connect_options()).clone(),
             queue_names.clone(),
             background.clone(),
         ));
@@ -452,7 +447,7 @@ mod tests {
     #[tokio::test]
     async fn a_lane_larger_than_a_semaphore_is_refused_before_anything_runs() {
         // Connected lazily: `build` must refuse without touching the database.
-        let pool = PgPoolOptions::new()
+        let pool = sqlx::postgres::PgPoolOptions::new()
             .connect_lazy("postgres://postgres@127.0.0.1:1/never")
             .expect("a valid URL");
         let queue = |n| {

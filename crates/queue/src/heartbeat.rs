@@ -5,10 +5,13 @@
 //! runs whose rows were taken from this worker.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use sqlx::PgPool;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{Connection, PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 
+use crate::config::EngineConfig;
 use crate::context::CancelReason;
 use crate::error::QueueError;
 use crate::hooks::{Transition, run_hooks, wakes_after_commit};
@@ -18,7 +21,7 @@ use crate::maintenance::{decide_used_attempt, end_used_attempt, move_one_by_one}
 use crate::runtime::{RunStart, Runtime};
 
 pub(crate) async fn register(
-    pool: &PgPool,
+    conn: impl sqlx::PgExecutor<'_>,
     worker_id: &str,
     queues: &[String],
 ) -> Result<(), QueueError> {
@@ -33,9 +36,69 @@ pub(crate) async fn register(
     .bind(host)
     .bind(i32::try_from(std::process::id()).unwrap_or(i32::MAX))
     .bind(queues)
-    .execute(pool)
+    .execute(conn)
     .await?;
     Ok(())
+}
+
+/// How long one heartbeat may wait for its answer: a heartbeat interval (at least a second), and
+/// at most half of `rescue_after`, so that the next one still lands before the rescuer looks.
+pub(crate) fn heartbeat_deadline(config: &EngineConfig) -> Duration {
+    config
+        .heartbeat_interval
+        .max(Duration::from_secs(1))
+        .min(config.rescue_after / 2)
+}
+
+/// The heartbeat's own connection, outside any pool: made when needed, and dropped after any
+/// failure or a heartbeat that got no answer within its deadline. One that stalls without an
+/// error (a black-holed network path) would otherwise hold every later heartbeat until the
+/// kernel gives up on it, some 15 minutes, while the rescuer takes this live worker's runs after
+/// `rescue_after`. (A pool would not do: returning a connection pings it, and a ping on a
+/// stalled connection holds the pool's only slot past any deadline of ours.)
+pub(crate) struct HeartbeatConnection {
+    options: PgConnectOptions,
+    conn: Option<PgConnection>,
+    deadline: Duration,
+}
+
+impl HeartbeatConnection {
+    pub(crate) fn new(options: PgConnectOptions, deadline: Duration) -> Self {
+        HeartbeatConnection {
+            options,
+            conn: None,
+            deadline,
+        }
+    }
+
+    /// One heartbeat, connecting first if need be, all within the deadline.
+    pub(crate) async fn beat(
+        &mut self,
+        worker_id: &str,
+        queues: &[String],
+    ) -> Result<(), QueueError> {
+        let attempt = async {
+            let conn = match &mut self.conn {
+                Some(conn) => conn,
+                None => self
+                    .conn
+                    .insert(PgConnection::connect_with(&self.options).await?),
+            };
+            register(conn, worker_id, queues).await
+        };
+        let outcome = tokio::time::timeout(self.deadline, attempt).await;
+        let result = outcome.unwrap_or_else(|_| {
+            Err(QueueError::Database(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the heartbeat got no answer within {:?}", self.deadline),
+            ))))
+        });
+        if result.is_err() {
+            // Closed by dropping: a graceful close would wait on the same silent path.
+            self.conn = None;
+        }
+        result
+    }
 }
 
 pub(crate) async fn deregister(pool: &PgPool, worker_id: &str) -> Result<(), QueueError> {
@@ -46,7 +109,8 @@ pub(crate) async fn deregister(pool: &PgPool, worker_id: &str) -> Result<(), Que
     Ok(())
 }
 
-/// Heartbeats every `heartbeat_interval` until `shutdown`, on `pool`: a connection of its own.
+/// Heartbeats every `heartbeat_interval` until `shutdown`, on a connection of its own
+/// ([`HeartbeatConnection`]).
 ///
 /// The heartbeat is apart from the repairs ([`run_repairs`]), in a task and on a connection of its
 /// own. The repairs update job rows and wait for their locks, and so does nearly everything else
@@ -56,12 +120,16 @@ pub(crate) async fn deregister(pool: &PgPool, worker_id: &str) -> Result<(), Que
 /// And a hook that panics in a repair ends the repairs' task, not the heartbeat.
 pub(crate) async fn run_heartbeats(
     rt: Arc<Runtime>,
-    pool: PgPool,
+    options: PgConnectOptions,
     queues: Vec<String>,
     shutdown: CancellationToken,
 ) {
+    let connection = tokio::sync::Mutex::new(HeartbeatConnection::new(
+        options,
+        heartbeat_deadline(&rt.config),
+    ));
     every_interval(&rt, &shutdown, || async {
-        let result = register(&pool, &rt.worker_id, &queues).await;
+        let result = connection.lock().await.beat(&rt.worker_id, &queues).await;
         rt.db_health.record(result.is_ok());
         if let Err(e) = result {
             tracing::warn!(error = %e, "heartbeat failed");
@@ -324,4 +392,46 @@ async fn commit_and_wake(
     wake.extend(moved.iter().map(|t| t.queue.clone()));
     rt.waker.wake(wake.iter().map(String::as_str));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use testkit::TestDb;
+    use testkit::proxy::TcpProxy;
+
+    use super::*;
+
+    /// A heartbeat whose connection goes silent gives up at its deadline and drops that
+    /// connection, so the next one connects anew instead of waiting behind it.
+    #[tokio::test]
+    async fn a_heartbeat_on_a_stalled_connection_gives_up_and_the_next_reconnects() {
+        let db = TestDb::new().await;
+        let proxy = TcpProxy::start(db.server_address()).await;
+        let options: PgConnectOptions = db.url_through(proxy.addr()).parse().unwrap();
+        let mut heartbeat = HeartbeatConnection::new(options, Duration::from_millis(500));
+        let queues = vec!["default".to_owned()];
+        let mut beat_within_5s = async || {
+            tokio::time::timeout(
+                Duration::from_secs(5),
+                heartbeat.beat("stalled-worker", &queues),
+            )
+            .await
+            .expect("the heartbeat returned")
+        };
+        beat_within_5s().await.unwrap();
+        beat_within_5s().await.unwrap();
+
+        proxy.stall();
+        let stalled = beat_within_5s().await.unwrap_err();
+        assert!(stalled.is_connection_error(), "{stalled}");
+
+        proxy.forward_to(db.server_address());
+        beat_within_5s().await.unwrap();
+        let beats: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM fairlane_worker WHERE id = 'stalled-worker'")
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+        assert_eq!(beats, 1);
+    }
 }
