@@ -14,7 +14,7 @@
 //!   [`Reservation::attach_job`] is the same in ADR-21's order (reserve first, link later).
 //! - [`QuotaHook`]: a queue transition hook that bills a completed job exactly once and releases
 //!   the reservation of a cancelled or discarded one, in the queue's own transaction.
-//! - [`release`], [`Quota::usage`], [`cleanup`] (scheduler safety net), [`active_reservations`].
+//! - [`Quota::usage`], [`cleanup`] (scheduler safety net), [`active_reservations`].
 //!
 //! No HTTP here: the web service maps [`QuotaError::Exceeded`] to its 429.
 
@@ -33,7 +33,7 @@ pub use period::{BillingCycle, BillingPeriod};
 pub use store::{
     CheckPlan, CleanupReport, EventUsage, Grant, Quota, RESERVATIONS_CTE_PARAMS, Reservation,
     STANDINGS_CTE_PARAMS, StandingRow, UserUsage, active_reservations, bind_reservations, cleanup,
-    release, reservations_cte, standings_cte,
+    reservations_cte, standings_cte,
 };
 
 /// The event types usage is counted in: the same names as the services (`analysis`, `specview`).

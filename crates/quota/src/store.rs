@@ -31,11 +31,9 @@ use crate::decision::{Decision, Ledger, Standing};
 use crate::error::{QuotaError, QuotaExceeded};
 use crate::period::BillingPeriod;
 
-/// The SQL condition for a live reservation `r`: linked to a job that is not final, or not yet
-/// linked and younger than its TTL. A reservation of a finished or deleted job no longer counts,
-/// even before cleanup removes it.
-/// A reservation that still holds units, exactly: unlinked and within its TTL, or linked to a job
-/// that exists and is not final. Used for the gauge and the cleanup's view.
+/// The SQL condition for a live reservation `r`: unlinked and within its TTL, or linked to a job
+/// that exists and is not final. Used for the gauge and the cleanup's view. (The quota check
+/// counts every linked reservation until the job's hook or the cleanup removes it.)
 pub(crate) const LIVE_RESERVATION: &str = "((r.job_id IS NULL AND r.expires_at > now()) \
      OR EXISTS (SELECT 1 FROM fairlane_job j WHERE j.id = r.job_id \
                 AND j.state NOT IN ('completed', 'cancelled', 'discarded')))";
@@ -71,8 +69,9 @@ pub struct Reservation {
 }
 
 /// A passed quota check, valid inside the transaction that made it (which holds the user's
-/// lock). Turn it into a [`Reservation`] with [`Grant::reserve`] before committing.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// lock). Turn it into a [`Reservation`] with [`Grant::reserve`] before committing. Not `Clone`:
+/// each grant reserves once.
+#[derive(Debug, PartialEq, Eq)]
 #[must_use = "a grant reserves nothing until `reserve` is called"]
 pub struct Grant {
     pub user_id: Uuid,
@@ -544,17 +543,6 @@ async fn read_standings(
     Ok(sqlx::query_as_with(sqlx::AssertSqlSafe(sql), args)
         .fetch_all(&mut *conn)
         .await?)
-}
-
-/// Removes the reservation of `job_id` without billing (an explicit cancel outside the queue's
-/// own cancel path). Returns whether one existed.
-pub async fn release(conn: &mut PgConnection, job_id: JobId) -> Result<bool, QuotaError> {
-    let deleted = sqlx::query("DELETE FROM quota_reservations WHERE job_id = $1")
-        .bind(job_id)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected();
-    Ok(deleted > 0)
 }
 
 /// Which reservations are orphans, and why (`r` a reservation, `j` its job if any; `$1` the TTL

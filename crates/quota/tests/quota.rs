@@ -562,31 +562,6 @@ async fn cancelling_a_waiting_job_through_the_queue_releases_its_reservation() {
         count(&db.pool, "SELECT count(*) FROM usage_events").await,
         0
     );
-    // release() of an already released job is a no-op.
-    let mut conn = db.pool.acquire().await.unwrap();
-    assert!(!quota::release(&mut conn, job).await.unwrap());
-    assert_totals_exact(&db.pool).await;
-}
-
-#[tokio::test]
-async fn release_removes_the_reservation_without_billing() {
-    let db = TestDb::new().await;
-    let client = Client::new(db.pool.clone());
-    let quota = quota();
-    let user = user(&db.pool, "free").await;
-    let job = reserve_and_enqueue(&db.pool, &client, &quota, user)
-        .await
-        .unwrap();
-    let mut conn = db.pool.acquire().await.unwrap();
-    assert!(quota::release(&mut conn, job).await.unwrap());
-    assert_eq!(
-        count(&db.pool, "SELECT count(*) FROM quota_reservations").await,
-        0
-    );
-    assert_eq!(
-        count(&db.pool, "SELECT count(*) FROM usage_events").await,
-        0
-    );
     assert_totals_exact(&db.pool).await;
 }
 
