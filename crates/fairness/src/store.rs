@@ -263,7 +263,9 @@ pub async fn lock_user(
 
 /// Running jobs of `user` in `queues` that `job` must leave room for: all of them but `job`
 /// itself and the jobs fetched in the same fetch as `job` (same queue, same `attempted_at`, same
-/// fetching worker) with a higher id.
+/// fetching worker, and the same transaction: the rows' `xmin`, since two fetches of one worker
+/// can start in the same microsecond) with a higher id. A row changed again since its fetch (a
+/// cancel request) counts whole, which errs towards the limit.
 ///
 /// Jobs of one fetch commit together, so each sees all the others; if every one counted every
 /// other, a user's jobs fetched together with free slots would all snooze, and with no jitter come
@@ -278,7 +280,8 @@ pub async fn other_running(
 ) -> Result<u32, FairnessError> {
     let n: i64 = sqlx::query_scalar(
         "WITH mine AS ( \
-           SELECT queue, attempted_at, attempted_by[cardinality(attempted_by)] AS worker \
+           SELECT queue, attempted_at, attempted_by[cardinality(attempted_by)] AS worker, \
+                  xmin AS fetched_in \
            FROM fairlane_job WHERE id = $3 \
          ) \
          SELECT count(*) FROM fairlane_job o \
@@ -288,6 +291,7 @@ pub async fn other_running(
              SELECT 1 FROM mine f \
              WHERE o.id > $3 AND o.queue = f.queue AND o.attempted_at = f.attempted_at \
                AND o.attempted_by[cardinality(o.attempted_by)] = f.worker \
+               AND o.xmin = f.fetched_in \
            )",
     )
     .bind(queues)

@@ -747,3 +747,38 @@ async fn the_gate_reads_every_tier_from_the_paid_users_and_counts_the_rest_as_fr
     }
     assert_eq!(gauges.running(), slots);
 }
+
+/// Without the gate, jobs taken by one fetch leave room for each other, and jobs of different
+/// fetches count each other whole, even when the two fetches (of one worker and queue) started
+/// in the same microsecond: a fetch is told apart by its transaction, not by its timestamp.
+#[tokio::test]
+async fn jobs_of_two_fetches_started_in_the_same_instant_count_each_other() {
+    let h = Harness::new().await;
+    let free = h.user(Tier::Free).await;
+    let jobs = h.enqueue(Lane::Default, Some(free), 10, 2).await;
+    let queues = vec![Harness::queue(Lane::Default).to_string()];
+    let start = "UPDATE fairlane_job SET state = 'running', attempt = 1, \
+                 attempted_at = '2026-11-27T00:00:00Z', attempted_by = '{worker-1}' \
+                 WHERE id = ANY($1)";
+    let mut conn = h.db.pool.acquire().await.unwrap();
+
+    // One fetch: one transaction starts both.
+    sqlx::query(start)
+        .bind(&jobs)
+        .execute(&h.db.pool)
+        .await
+        .unwrap();
+    let others = fairness::store::other_running(&mut conn, &queues, free, jobs[0]).await;
+    assert_eq!(others.unwrap(), 0);
+
+    // Two fetches, one job each, same worker, same instant.
+    for job in &jobs {
+        sqlx::query(start)
+            .bind(vec![*job])
+            .execute(&h.db.pool)
+            .await
+            .unwrap();
+    }
+    let others = fairness::store::other_running(&mut conn, &queues, free, jobs[0]).await;
+    assert_eq!(others.unwrap(), 1);
+}
