@@ -1,7 +1,46 @@
 //! How a binary reports why it could not start or run: the error and its causes on one line, for
-//! `main` to print on stderr before it exits with a non-zero code; and the text of a caught panic.
+//! `main` to print on stderr before it exits with a non-zero code; a command line clap refuses,
+//! the same way; and the text of a caught panic.
 
 use std::error::Error;
+use std::process::ExitCode;
+
+/// The command line as `C`, or the exit `main` must take. `--help` and `--version` print and exit
+/// 0 as clap does; anything else clap refuses (a bad value, a missing argument or subcommand) is
+/// one line on stderr, `program: …`, and exit code 1, like every other failure to start.
+pub fn parse_command_line<C: clap::Parser>(program: &str) -> Result<C, ExitCode> {
+    match C::try_parse() {
+        Ok(cli) => Ok(cli),
+        Err(e) if !e.use_stderr() => e.exit(),
+        Err(e) => {
+            let line = command_line_error(
+                e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand,
+                &e.to_string(),
+            );
+            #[allow(clippy::print_stderr)]
+            {
+                eprintln!("{program}: {line}");
+            }
+            Err(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// clap's rendering of a refused command line as one line: the message up to its first blank
+/// line (the usage and the `--help` hint that follow are left out), without its `error:` prefix.
+/// A missing subcommand renders as the whole help, so it gets a line of its own.
+fn command_line_error(missing_subcommand: bool, rendered: &str) -> String {
+    if missing_subcommand {
+        return "a subcommand is required (see --help)".to_owned();
+    }
+    let message: Vec<&str> = rendered
+        .lines()
+        .take_while(|line| !line.trim().is_empty())
+        .map(str::trim)
+        .collect();
+    let line = message.join(" ");
+    line.strip_prefix("error: ").unwrap_or(&line).to_owned()
+}
 
 /// `error` and its sources as one line, `outer: inner: innermost`, each cause once: many errors
 /// quote their source in their own message and also return it from `source()`, so a cause whose
@@ -36,6 +75,31 @@ pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_command_line_is_one_line_without_usage() {
+        assert_eq!(
+            command_line_error(
+                false,
+                "error: invalid value '42' for '--user <USER>': invalid length\n\n\
+                 For more information, try '--help'.\n"
+            ),
+            "invalid value '42' for '--user <USER>': invalid length"
+        );
+        assert_eq!(
+            command_line_error(
+                false,
+                "error: the following required arguments were not provided:\n  --tier <TIER>\n\n\
+                 Usage: web admin set-tier --user <USER> --tier <TIER>\n\n\
+                 For more information, try '--help'.\n"
+            ),
+            "the following required arguments were not provided: --tier <TIER>"
+        );
+        assert_eq!(
+            command_line_error(true, "Fairlane's HTTP API\n\nUsage: web <COMMAND>\n"),
+            "a subcommand is required (see --help)"
+        );
+    }
 
     #[test]
     fn a_panics_text_is_read_from_either_payload() {

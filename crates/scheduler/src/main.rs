@@ -17,7 +17,11 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    match run(&Cli::parse()) {
+    let cli = match common::report::parse_command_line::<Cli>("scheduler") {
+        Ok(cli) => cli,
+        Err(exit) => return exit,
+    };
+    match run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             #[allow(clippy::print_stderr)]

@@ -35,4 +35,10 @@ async fn bad_settings_stop_the_start_with_one_line_and_write_nothing() {
         assert!(line.starts_with("scheduler: "), "{line}");
         assert!(line.contains(needle), "{env:?}: {line}");
     }
+    // A command line clap refuses is one line and exit code 1 as well.
+    let line = db.refused_start(BIN, &["--confg", "x.toml"], &[]).await;
+    assert!(
+        line.starts_with("scheduler: unexpected argument '--confg'"),
+        "{line}"
+    );
 }

@@ -1,13 +1,15 @@
 //! The `web` binary: parses the command line and hands over to [`web::cli::main`]. A failure is
-//! one line on stderr and exit code 1.
+//! one line on stderr and exit code 1 (a command line clap refuses too).
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 #[tokio::main]
 async fn main() -> ExitCode {
-    match web::cli::main(web::cli::Cli::parse()).await {
+    let cli = match common::report::parse_command_line::<web::cli::Cli>("web") {
+        Ok(cli) => cli,
+        Err(exit) => return exit,
+    };
+    match web::cli::main(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             #[allow(clippy::print_stderr)]

@@ -289,6 +289,31 @@ async fn bad_settings_stop_the_start_with_one_line_and_write_nothing() {
             "{args:?}"
         );
     }
+    // Command lines clap refuses: one line and exit code 1 like any other refusal, not clap's
+    // usage block and exit code 2.
+    for (args, expected) in [
+        (
+            &["admin", "set-tier", "--user", "42", "--tier", "pro"][..],
+            "web: invalid value '42' for '--user <USER>'",
+        ),
+        (
+            &[
+                "admin",
+                "set-tier",
+                "--user",
+                "0190b7a2-0000-7000-8000-000000000000",
+            ][..],
+            "web: the following required arguments were not provided: --tier <TIER>",
+        ),
+        (&["admin"][..], "web: a subcommand is required (see --help)"),
+        (
+            &["serve", "--no-such-flag"][..],
+            "web: unexpected argument '--no-such-flag'",
+        ),
+    ] {
+        let line = db.refused_start(bin, args, &[]).await;
+        assert!(line.starts_with(expected), "{args:?}: {line}");
+    }
     // A misspelt key in the --config file.
     let file = std::env::temp_dir().join(format!("fairlane-web-{}.toml", uuid::Uuid::new_v4()));
     std::fs::write(&file, "http_request_timout = \"5s\"\n").unwrap();
