@@ -120,7 +120,7 @@ async fn resolve_commit(
     tag = "analyses",
     request_body = CreateAnalysis,
     responses(
-        (status = 200, description = "Served from the cache: no job, no quota used", body = AnalysisView),
+        (status = 200, description = "This commit was analysed already: the caller's own earlier analysis, or a copy of another's (`cached: true`); no job started, no quota used", body = AnalysisView),
         (status = 202, description = "Job enqueued", body = AnalysisAccepted,
             headers(("Location" = String, description = "The job's URL"))),
     ),

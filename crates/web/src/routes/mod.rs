@@ -189,7 +189,9 @@ pub struct AnalysisView {
     pub state: WorkState,
     /// The job that fills this record (`null` for a cache hit).
     pub job_id: Option<i64>,
-    /// Whether this result was served from the cache (no job, no quota used).
+    /// Whether this record is a copy served from the cache, without a job of its own (no quota
+    /// used for it). The caller's own job-filled analysis, returned again for a repeated request,
+    /// says `false`: it ran and was billed once, when it was first requested.
     pub cached: bool,
     /// The test inventory, once completed (written by the analyzer).
     #[schema(value_type = Option<Object>)]
