@@ -1233,11 +1233,18 @@ fn latency_alerts_fire_below_the_largest_seconds_bucket() {
             if !(expr.contains("histogram_quantile") && expr.contains("_seconds_bucket")) {
                 continue;
             }
-            let (_, threshold) = expr
-                .rsplit_once('>')
+            // The quantile's threshold is the first `>` after it; conditions may follow
+            // (`and on (queue) (… > 0.9)`).
+            let quantile = &expr[expr.find("_seconds_bucket").unwrap_or(0)..];
+            let (_, after) = quantile
+                .split_once('>')
                 .unwrap_or_else(|| panic!("{alert}: no `>` threshold"));
+            let threshold = after
+                .trim_start()
+                .split(|c: char| c.is_whitespace() || c == ')')
+                .next()
+                .unwrap_or_default();
             let threshold: f64 = threshold
-                .trim()
                 .parse()
                 .unwrap_or_else(|e| panic!("{alert}: threshold {threshold:?}: {e}"));
             assert!(
