@@ -47,6 +47,15 @@ async fn leading(db: &TestDb, ttl: Duration) -> (LeaderHandle, CancellationToken
     (leader, background)
 }
 
+/// Waits for the task to stop (its shutdown already cancelled), then stops leading.
+async fn stopped(running: tokio::task::JoinHandle<()>, background: CancellationToken) {
+    tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("the task stops on shutdown")
+        .unwrap();
+    background.cancel();
+}
+
 /// The cleanup task on `schedule`, run by this test's replica.
 fn cleanup_every(db: &TestDb, schedule: &str, lease_ttl: Duration) -> Periodic {
     Periodic {
@@ -80,11 +89,7 @@ async fn catch_up_with(db: &TestDb, shutdown: CancellationToken) {
         .await;
         shutdown.cancel();
     }
-    tokio::time::timeout(Duration::from_secs(10), running)
-        .await
-        .expect("the task stops on shutdown")
-        .unwrap();
-    background.cancel();
+    stopped(running, background).await;
 }
 
 #[tokio::test]
@@ -163,9 +168,5 @@ async fn heavy_a_tick_that_falls_due_while_the_one_before_runs_is_run_right_afte
     )
     .await;
     shutdown.cancel();
-    tokio::time::timeout(Duration::from_secs(10), running)
-        .await
-        .expect("the task stops on shutdown")
-        .unwrap();
-    background.cancel();
+    stopped(running, background).await;
 }

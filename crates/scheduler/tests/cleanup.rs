@@ -323,13 +323,7 @@ async fn a_tick_whose_result_cannot_be_written_still_reports_its_orphans() {
         .execute(&db.pool)
         .await
         .unwrap();
-    sqlx::query(
-        "INSERT INTO fairlane_leader (name, leader_id, expires_at) \
-         VALUES ('scheduler', 'cleanup-test', now() + interval '1 hour')",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    lease(&db.pool, "cleanup-test", true).await;
     sqlx::raw_sql(
         "CREATE FUNCTION refuse_results() RETURNS trigger LANGUAGE plpgsql AS \
            $$ BEGIN RAISE EXCEPTION 'results refused'; END $$; \

@@ -78,6 +78,23 @@ async fn set_state(db: &TestDb, ids: &[i64], state: &str) {
     .unwrap();
 }
 
+/// Nothing changes the jobs behind the test's back: no maintenance, no re-analysis, no cleanup.
+const QUIET: [(&str, &str); 3] = [
+    ("QUEUE_MAINTENANCE", "false"),
+    ("REANALYZE_ENABLED", "false"),
+    ("RESERVATION_CLEANUP_SCHEDULE", "0 0 1 1 *"),
+];
+
+/// A quiet scheduler on `url`, once it leads.
+async fn quiet_leader(name: &str, url: &str) -> Scheduler {
+    let leader = Scheduler::spawn(name, url, &QUIET);
+    eventually(Duration::from_secs(30), "leader elected", || async {
+        (leader.status().await["scheduler_leader"] == true).then_some(())
+    })
+    .await;
+    leader
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_depth_gauge_equals_the_database_counts_and_only_the_leader_exports_it() {
     let db = TestDb::new().await;
@@ -112,18 +129,8 @@ async fn the_depth_gauge_equals_the_database_counts_and_only_the_leader_exports_
         tx.commit().await.unwrap();
     }
 
-    // Nothing changes the jobs behind the test's back: no maintenance, no re-analysis.
-    let quiet = [
-        ("QUEUE_MAINTENANCE", "false"),
-        ("REANALYZE_ENABLED", "false"),
-        ("RESERVATION_CLEANUP_SCHEDULE", "0 0 1 1 *"),
-    ];
-    let mut leader = Scheduler::spawn("leader", &db.url(), &quiet);
-    eventually(Duration::from_secs(30), "leader elected", || async {
-        (leader.status().await["scheduler_leader"] == true).then_some(())
-    })
-    .await;
-    let mut follower = Scheduler::spawn("follower", &db.url(), &quiet);
+    let mut leader = quiet_leader("leader", &db.url()).await;
+    let mut follower = Scheduler::spawn("follower", &db.url(), &QUIET);
     follower.wait_running().await;
 
     let expected = db_depths(&db).await;
@@ -276,16 +283,7 @@ async fn live_counts_are_exported_when_the_final_count_fails() {
         db.server_address(),
         db.name
     );
-    let quiet = [
-        ("QUEUE_MAINTENANCE", "false"),
-        ("REANALYZE_ENABLED", "false"),
-        ("RESERVATION_CLEANUP_SCHEDULE", "0 0 1 1 *"),
-    ];
-    let mut leader = Scheduler::spawn("blind-leader", &url, &quiet);
-    eventually(Duration::from_secs(30), "leader elected", || async {
-        (leader.status().await["scheduler_leader"] == true).then_some(())
-    })
-    .await;
+    let mut leader = quiet_leader("blind-leader", &url).await;
 
     let live_only = |depths: &Depths| -> Depths {
         depths

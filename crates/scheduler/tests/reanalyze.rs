@@ -53,19 +53,6 @@ async fn analysis(pool: &PgPool, repository: &str, system: bool, state: &str, da
     .unwrap();
 }
 
-async fn lease(pool: &PgPool, holder: &str, valid: bool) {
-    sqlx::query(
-        "INSERT INTO fairlane_leader (name, leader_id, expires_at) \
-         VALUES ('scheduler', $1, now() + CASE WHEN $2 THEN interval '1 hour' ELSE interval '-1 second' END) \
-         ON CONFLICT (name) DO UPDATE SET leader_id = EXCLUDED.leader_id, expires_at = EXCLUDED.expires_at",
-    )
-    .bind(holder)
-    .bind(valid)
-    .execute(pool)
-    .await
-    .unwrap();
-}
-
 fn tick(s: &str) -> DateTime<Utc> {
     s.parse().unwrap()
 }

@@ -193,6 +193,13 @@ mod tests {
         Limiter::new(rules, backend, config)
     }
 
+    /// The limiter's decision on an anonymous `GET /v1/usage` from `addr`.
+    async fn anonymous_usage(limiter: &Limiter, addr: IpAddr) -> RateLimitOutcome {
+        limiter
+            .check(&describe(None, Some(addr), "/v1/usage", "GET"))
+            .await
+    }
+
     #[test]
     fn descriptors_of_users_and_anonymous_callers() {
         let user = Identity::User(AuthUser {
@@ -248,16 +255,12 @@ mod tests {
         let mut allowed = 0;
         for host in 1..=31u16 {
             let addr = IpAddr::V6(std::net::Ipv6Addr::new(0x2001, 0xdb8, 7, 7, host, 0, 0, 1));
-            let outcome = limiter
-                .check(&describe(None, Some(addr), "/v1/usage", "GET"))
-                .await;
+            let outcome = anonymous_usage(&limiter, addr).await;
             allowed += u32::from(outcome.allowed);
         }
         assert_eq!(allowed, 30);
         let elsewhere: IpAddr = "2001:db8:7:8::1".parse().unwrap();
-        let outcome = limiter
-            .check(&describe(None, Some(elsewhere), "/v1/usage", "GET"))
-            .await;
+        let outcome = anonymous_usage(&limiter, elsewhere).await;
         assert!(outcome.allowed, "another /64 has its own budget");
     }
 
@@ -271,9 +274,7 @@ mod tests {
              \x20   rate_limit: {unit: hour, requests_per_unit: 0}\n",
         );
         let addr: IpAddr = "198.51.100.7".parse().unwrap();
-        let outcome = limiter
-            .check(&describe(None, Some(addr), "/v1/usage", "GET"))
-            .await;
+        let outcome = anonymous_usage(&limiter, addr).await;
         assert!(!outcome.allowed);
         let headers = limit_headers(&outcome);
         let headers: Vec<(&str, &str)> = headers

@@ -360,3 +360,17 @@ pub async fn current_leader(pool: &PgPool) -> Option<String> {
     .await
     .unwrap()
 }
+
+/// Makes `holder` the `scheduler` lease holder, its lease valid for an hour or already expired.
+pub async fn lease(pool: &PgPool, holder: &str, valid: bool) {
+    sqlx::query(
+        "INSERT INTO fairlane_leader (name, leader_id, expires_at) \
+         VALUES ('scheduler', $1, now() + CASE WHEN $2 THEN interval '1 hour' ELSE interval '-1 second' END) \
+         ON CONFLICT (name) DO UPDATE SET leader_id = EXCLUDED.leader_id, expires_at = EXCLUDED.expires_at",
+    )
+    .bind(holder)
+    .bind(valid)
+    .execute(pool)
+    .await
+    .unwrap();
+}
