@@ -187,6 +187,11 @@ fn validate_endpoint(endpoint: &str) -> Result<String, TelemetryError> {
 /// before it stays a no-op).
 pub fn init(config: &TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> {
     config.validate().map_err(TelemetryError::Config)?;
+    if tracing::dispatcher::has_been_set() {
+        return Err(TelemetryError::AlreadyInitialized(
+            "a global tracing subscriber is already installed".to_owned(),
+        ));
+    }
     let filter = log_filter(&config.rust_log)?;
     let endpoint = config.otlp_endpoint().map(validate_endpoint).transpose()?;
 
@@ -274,18 +279,33 @@ pub fn init(config: &TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> 
     };
     let otel_layer = tracing_opentelemetry::layer()
         .with_tracer(guard.tracer_provider.tracer(INSTRUMENTATION_NAME));
-    tracing_subscriber::registry()
+    let installed = tracing_subscriber::registry()
         .with(filter)
         .with(fmt_layer)
         .with(otel_layer)
-        .try_init()
-        // The guard drops here and shuts its providers down; nothing global was touched.
-        .map_err(|e| TelemetryError::AlreadyInitialized(e.to_string()))?;
+        .try_init();
+    // `try_init` installs the subscriber, then the `log` bridge. The subscriber fails only if
+    // another one came first (checked above): the guard drops here and shuts its providers down,
+    // and nothing global was touched. The bridge fails when the process already has a `log`
+    // logger: the subscriber is in place by then, so telemetry runs on, without `log` records,
+    // rather than leave a subscriber behind whose providers were shut down.
+    let log_bridge_refused = match installed {
+        Ok(()) => None,
+        Err(_) if !tracing::dispatcher::has_been_set() => {
+            return Err(TelemetryError::AlreadyInitialized(
+                "a global tracing subscriber is already installed".to_owned(),
+            ));
+        }
+        Err(e) => Some(e),
+    };
 
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     opentelemetry::global::set_tracer_provider(guard.tracer_provider.clone());
     opentelemetry::global::set_meter_provider(guard.meter_provider.clone());
     set_global_reader(prometheus);
+    if let Some(e) = log_bridge_refused {
+        tracing::warn!(error = %e, "`log` records are not logged: the process has a `log` logger of its own");
+    }
     Ok(guard)
 }
 
