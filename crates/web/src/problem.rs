@@ -63,7 +63,7 @@ pub const CODES: &[(&str, u16, &str)] = &[
     (
         "repository_unreachable",
         422,
-        "The repository host could not be reached in time",
+        "The repository host could not be reached (no such name, no address, or no answer in time)",
     ),
     (
         "quota_exceeded",
