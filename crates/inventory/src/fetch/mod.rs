@@ -810,7 +810,9 @@ impl TreeTally {
                         .unwrap_or(0);
                     self.count(size)?;
                 }
-                Some(b"tree") => self.count(FOLDER_BYTES)?,
+                // A submodule link (`commit`) is checked out as an empty folder, submodules off
+                // or not: it counts as one, or a tree of millions of links would pass the cap.
+                Some(b"tree" | b"commit") => self.count(FOLDER_BYTES)?,
                 _ => {}
             }
         }
@@ -849,16 +851,22 @@ mod tests {
     }
 
     #[test]
-    fn tree_tally_counts_blobs_across_chunks() {
+    fn tree_tally_counts_blobs_folders_and_submodule_links_across_chunks() {
         let listing = b"040000 tree dddd       -\tsrc\x00100644 blob aaaa     12\tsrc/a.rs\x00160000 commit bbbb       -\tsub\x00100755 blob cccc 30\tx y\0";
         let mut tally = TreeTally::new(10);
         for chunk in listing.chunks(7) {
             tally.feed(chunk).unwrap();
         }
-        assert_eq!((tally.files, tally.bytes), (3, 42 + FOLDER_BYTES));
+        assert_eq!((tally.files, tally.bytes), (4, 42 + 2 * FOLDER_BYTES));
         let mut small = TreeTally::new(1);
         assert!(matches!(
             small.feed(listing),
+            Err(FetchError::TooManyFiles { limit: 1 })
+        ));
+        // Submodule links alone: each becomes a folder at checkout.
+        let links = b"160000 commit bbbb -\ta\x00160000 commit bbbb -\tb\x00";
+        assert!(matches!(
+            TreeTally::new(1).feed(links),
             Err(FetchError::TooManyFiles { limit: 1 })
         ));
     }
