@@ -258,9 +258,14 @@ impl Git {
                     if let Some(w) = watch {
                         let began = Instant::now();
                         let dir = w.dir.clone();
-                        let used = tokio::task::spawn_blocking(move || disk_usage(&dir))
-                            .await
-                            .unwrap_or(0);
+                        // The time cap holds while a big tree is measured too: past it, git is
+                        // stopped and the measurement left to finish on its own.
+                        let measuring = tokio::task::spawn_blocking(move || disk_usage(&dir));
+                        let Ok(used) = tokio::time::timeout_at(self.deadline, measuring).await
+                        else {
+                            return Err(FetchError::TimedOut { stage, limit: self.time_cap });
+                        };
+                        let used = used.unwrap_or(0);
                         if used > w.max_bytes {
                             return Err(FetchError::TooLarge { stage, limit: w.max_bytes });
                         }
