@@ -78,11 +78,13 @@ pub(crate) fn scan(src: &str) -> Found {
 /// The `{` opening the body of a function whose parameters close at `close_params`, if it has
 /// one. Go ends a signature at the end of its line (the body's `{` must be on the line where
 /// the results end), so the search stops there, stepping over bracketed results: a bodyless
-/// `func f() int64` (assembly, `//go:linkname`) does not take the next function's body.
+/// `func f() int64` (assembly, `//go:linkname`) does not take the next function's body. The
+/// results are at most [`MAX_RESULT_TOKENS`] tokens (a bracketed group counts as one): on a line
+/// of bodyless functions each search would otherwise walk to the line's end, once per function.
 fn body_open(toks: &[Token<'_>], brackets: &Brackets, close_params: usize) -> Option<usize> {
     let mut line = toks.get(close_params)?.line;
     let mut k = close_params + 1;
-    loop {
+    for _ in 0..MAX_RESULT_TOKENS {
         let t = toks.get(k)?;
         if t.line != line {
             return None;
@@ -96,7 +98,16 @@ fn body_open(toks: &[Token<'_>], brackets: &Brackets, close_params: usize) -> Op
         }
         k += 1;
     }
+    None
 }
+
+/// The most tokens between a signature's parameters and its body's `{`, bracketed groups counted
+/// once: real results (`(int, error)`, `func(string) bool`, `*pkg.Type[K, V]`) take a handful.
+const MAX_RESULT_TOKENS: usize = 64;
+
+/// The most tokens in a method's receiver (`(s *Suite)`, `(m *Map[K, V])`); a longer "receiver"
+/// is not one (an unclosed bracket), and is not searched.
+const MAX_RECEIVER_TOKENS: usize = 32;
 
 /// Handles a top-level `func` at `at`; returns the index after its body.
 fn function(
@@ -109,6 +120,9 @@ fn function(
     let mut receiver: Option<String> = None;
     if toks.get(j)?.is_punct(b'(') {
         let close = brackets.matching(j);
+        if close.saturating_sub(j) > MAX_RECEIVER_TOKENS {
+            return None;
+        }
         receiver = between(toks, j, close)
             .iter()
             .rev()
@@ -358,5 +372,29 @@ func (s *StoreSuite) SetupTest() {}
         // A bound a hundred times above what one pass takes on a slow machine in a debug
         // build, and far below what the quadratic walk took.
         assert!(took < std::time::Duration::from_secs(10), "took {took:?}");
+    }
+
+    /// A line of bodyless functions, and receivers that never close, cost one pass too: the
+    /// search for a body's `{` stopped only at the end of the line, and the receiver's name was
+    /// looked for back from the end of the file, once per function.
+    #[test]
+    fn bodyless_functions_on_one_line_cost_one_pass() {
+        for src in [
+            format!("package x\n{}", "func a() ".repeat(100_000)),
+            format!(
+                "package x\n{}{}",
+                "func(".repeat(50_000),
+                ",".repeat(50_000)
+            ),
+        ] {
+            let started = std::time::Instant::now();
+            assert!(scan(&src).tests.is_empty());
+            let took = started.elapsed();
+            assert!(took < std::time::Duration::from_secs(10), "took {took:?}");
+        }
+        // Results still reach the body across a func type and bracketed groups.
+        let src = "package x\nimport \"testing\"\n\
+                   func TestMaker(t *testing.T) func(map[string]int) (bool, error) {\n}\n";
+        assert_eq!(scan(src).tests.len(), 1);
     }
 }
