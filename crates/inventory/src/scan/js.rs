@@ -21,7 +21,7 @@ const SUITE_FUNCTIONS: [&str; 6] = [
 const TEST_FUNCTIONS: [&str; 7] = ["it", "test", "specify", "fit", "xit", "xtest", "xspecify"];
 /// Chain members that keep a call a suite/test call; any other member (`test.step`,
 /// `test.beforeEach`, `describe.configure`…) means it is not one.
-const KNOWN_MEMBERS: [&str; 15] = [
+const KNOWN_MEMBERS: [&str; 16] = [
     "skip",
     "only",
     "todo",
@@ -34,6 +34,7 @@ const KNOWN_MEMBERS: [&str; 15] = [
     "failing",
     "fails",
     "fixme",
+    "fail",
     "skipIf",
     "runIf",
     "describe",
@@ -203,7 +204,30 @@ fn parse_call(toks: &[Token<'_>], brackets: &Brackets, i: usize) -> Option<Call>
     }
     let close = brackets.matching(open);
     let first = toks.get(open + 1)?;
-    let name = match first.str_value() {
+    // A method named `test` or `it` (`{ test(val) { … } }`, TypeScript's `test(s: string):
+    // boolean`) is defined here, not called.
+    if toks.get(close + 1).is_some_and(|t| t.is_punct(b'{'))
+        || (first.kind == Tok::Ident && toks.get(open + 2).is_some_and(|t| t.is_punct(b':')))
+    {
+        return None;
+    }
+    // Playwright's annotations inside a test (`test.skip(browserName === 'firefox', 'later')`,
+    // `test.fixme()`, `test.fail(cond)`) take a condition, not a title, and no test body.
+    if members
+        .iter()
+        .any(|m| matches!(*m, "skip" | "fixme" | "fail"))
+        && first.str_value().is_none()
+        && !has_callback_after_first_argument(toks, brackets, open, close)
+    {
+        return None;
+    }
+    // A literal title is the whole first argument only if an argument list's `,` or `)` follows
+    // it: `'adds ' + n` is an expression, named by its source text below.
+    let literal = first.str_value().filter(|_| {
+        toks.get(open + 2)
+            .is_some_and(|t| t.is_punct(b',') || t.is_punct(b')'))
+    });
+    let name = match literal {
         Some(v) => v.to_string(),
         None => {
             // A non-literal title: use the expression's source text, up to its comma (stepping
@@ -253,7 +277,34 @@ fn parse_call(toks: &[Token<'_>], brackets: &Brackets, i: usize) -> Option<Call>
     })
 }
 
-/// The text of tokens `from..to`, joined with single spaces where the source had whitespace.
+/// Whether the call's arguments after the first hold a function (`() => …`, `async ({ page }) =>
+/// …`, `function () {…}`): the body a test or suite call is given.
+fn has_callback_after_first_argument(
+    toks: &[Token<'_>],
+    brackets: &Brackets,
+    open: usize,
+    close: usize,
+) -> bool {
+    let mut k = open + 1;
+    let mut past_first = false;
+    while k < close {
+        let t = &toks[k];
+        if t.is_punct(b',') {
+            past_first = true;
+        } else if past_first
+            && (t.is_ident("function")
+                || (t.is_punct(b'=') && toks.get(k + 1).is_some_and(|n| n.is_punct(b'>'))))
+        {
+            return true;
+        }
+        k = match t.kind {
+            Tok::Punct(b'(' | b'[' | b'{') => brackets.matching(k) + 1,
+            _ => k + 1,
+        };
+    }
+    false
+}
+
 /// The index of the `>` closing the type argument list opened by the `<` at `open`, if it closes
 /// within a few dozen tokens and before any parenthesis (the call's arguments).
 fn type_arguments_end(toks: &[Token<'_>], open: usize) -> Option<usize> {
@@ -302,6 +353,54 @@ mod tests {
             .into_iter()
             .map(|(_, t)| (t.suite.join(" > "), t.name, t.modifier, t.parameterized))
             .collect()
+    }
+
+    #[test]
+    fn playwright_annotations_inside_a_test_are_not_tests() {
+        let src = r#"
+import { test } from '@playwright/test';
+test('a', async ({ browserName }) => {
+  test.skip(browserName === 'firefox', 'later');
+  test.fixme();
+  test.fail(browserName === 'webkit');
+  test.skip(({ browserName }) => browserName === 'firefox', 'later');
+});
+test.skip('b', async ({ page }) => {});
+test.fail('c', async function ({ page }) {});
+it.skip(titleOf('d'), () => {});
+"#;
+        let names: Vec<(String, Modifier)> = tests(src)
+            .into_iter()
+            .map(|(_, name, modifier, _)| (name, modifier))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("a".to_owned(), Modifier::None),
+                ("b".to_owned(), Modifier::Skip),
+                ("c".to_owned(), Modifier::None),
+                ("titleOf('d')".to_owned(), Modifier::Skip),
+            ]
+        );
+    }
+
+    #[test]
+    fn methods_named_test_are_not_tests() {
+        let src = r#"
+expect.addSnapshotSerializer({ test(val) { return !!val; }, print(v) { return ''; } });
+interface Matcher { test(s: string): boolean }
+class Suite { it(done) { done(); } }
+it('still a test', () => {});
+"#;
+        let names: Vec<String> = tests(src).into_iter().map(|(_, name, _, _)| name).collect();
+        assert_eq!(names, ["still a test"]);
+    }
+
+    #[test]
+    fn a_concatenated_title_is_named_by_its_source() {
+        let src = "it('adds ' + n + ' items', () => {});\nit('plain', () => {});\n";
+        let names: Vec<String> = tests(src).into_iter().map(|(_, name, _, _)| name).collect();
+        assert_eq!(names, ["'adds ' + n + ' items'", "plain"]);
     }
 
     #[test]

@@ -649,6 +649,8 @@ fn runner_from_package_json(json: &serde_json::Value) -> Option<Framework> {
     };
     if has("vitest") {
         Some(Framework::Vitest)
+    } else if has("@playwright/test") {
+        Some(Framework::Playwright)
     } else if has("jest") || has("ts-jest") || has("react-scripts") {
         Some(Framework::Jest)
     } else if has("mocha") {
@@ -661,6 +663,15 @@ fn runner_from_package_json(json: &serde_json::Value) -> Option<Framework> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn playwright_projects_are_known_by_their_package_json() {
+        let project = serde_json::json!({"devDependencies": {"@playwright/test": "1.49.0"}});
+        assert_eq!(
+            runner_from_package_json(&project),
+            Some(Framework::Playwright)
+        );
+    }
 
     #[test]
     fn classifies_paths() {
