@@ -25,6 +25,8 @@ struct Scope {
     kind: ScopeKind,
     name: String,
     skip: bool,
+    /// A class decorated with `@pytest.mark.parametrize`: each of its tests runs per case.
+    parameterized: bool,
 }
 
 #[derive(Default)]
@@ -105,11 +107,13 @@ pub(crate) fn scan(src: &str) -> Found {
                 ScopeKind::OtherClass
             };
             let skip = decorators.skip || scopes.iter().any(|s| s.skip);
+            let parameterized = decorators.parameterized || scopes.iter().any(|s| s.parameterized);
             scopes.push(Scope {
                 indent,
                 kind,
                 name,
                 skip,
+                parameterized,
             });
             decorators = Decorators::default();
             continue;
@@ -139,7 +143,8 @@ pub(crate) fn scan(src: &str) -> Found {
                         suite: suite_path(scopes.iter().map(|s| s.name.as_str())),
                         line: name_tok.line,
                         modifier: if skip { Modifier::Skip } else { Modifier::None },
-                        parameterized: decorators.parameterized,
+                        parameterized: decorators.parameterized
+                            || scopes.iter().any(|s| s.parameterized),
                         display_name: None,
                     },
                 );
@@ -149,6 +154,7 @@ pub(crate) fn scan(src: &str) -> Found {
                 kind: ScopeKind::Function,
                 name: name_tok.text.to_string(),
                 skip: false,
+                parameterized: false,
             });
         }
         decorators = Decorators::default();
@@ -199,6 +205,25 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    #[test]
+    fn a_parametrized_class_parameterizes_its_tests() {
+        let src = "import pytest\n\
+                   @pytest.mark.parametrize(\"x\", [1, 2])\n\
+                   class TestA:\n\
+                   \x20   def test_a(self, x):\n\
+                   \x20       pass\n\
+                   \n\
+                   class TestB:\n\
+                   \x20   def test_b(self):\n\
+                   \x20       pass\n";
+        let parameterized: Vec<(String, bool)> =
+            tests(src).into_iter().map(|t| (t.2, t.5)).collect();
+        assert_eq!(
+            parameterized,
+            [("test_a".to_owned(), true), ("test_b".to_owned(), false)]
+        );
     }
 
     #[test]

@@ -73,9 +73,12 @@ pub(crate) fn scan(src: &str) -> Found {
                     && attributes.iter().any(|a| is_test_attribute(a))
                 {
                     let skip = attributes.iter().any(|a| a == "ignore");
-                    let parameterized = attributes
-                        .iter()
-                        .any(|a| matches!(last_segment(a), "case" | "test_case"));
+                    // `#[case(…)]`, `#[rstest::case(…)]`, a named `#[case::empty(…)]`, and
+                    // `#[test_case(…)]`.
+                    let parameterized = attributes.iter().any(|a| {
+                        a.split("::")
+                            .any(|segment| matches!(segment, "case" | "test_case"))
+                    });
                     found.push_test(
                         Framework::Rust,
                         TestCase {
@@ -129,6 +132,19 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    #[test]
+    fn named_rstest_cases_are_parameterized() {
+        let found = scan(
+            "#[rstest]\n#[case::empty(\"\")]\n#[case::one(\"a\")]\nfn len(#[case] s: &str) {}\n",
+        );
+        let tests: Vec<(&str, bool)> = found
+            .tests
+            .iter()
+            .map(|(_, t)| (t.name.as_str(), t.parameterized))
+            .collect();
+        assert_eq!(tests, [("len", true)]);
     }
 
     #[test]
