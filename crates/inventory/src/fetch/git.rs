@@ -150,6 +150,12 @@ impl Git {
             .env("GIT_ALLOW_PROTOCOL", protocols)
             .env("GIT_PROTOCOL_FROM_USER", "0")
             .env("GIT_OPTIONAL_LOCKS", "0");
+        // Git looks for a repository upwards from `cwd`; one above it (a deploy checkout that
+        // holds the work folder) would lend its config (`url.<base>.insteadOf`, proxies) to a
+        // command run in a folder that is no repository of its own, such as `ls-remote`'s.
+        if let Some(parent) = cwd.parent() {
+            cmd.env("GIT_CEILING_DIRECTORIES", parent);
+        }
         let mut argv: Vec<OsString> = vec![
             format!("--as={}", self.max_memory).into(),
             "--".into(),

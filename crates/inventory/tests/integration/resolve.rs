@@ -144,3 +144,26 @@ async fn missing_repositories_commits_and_empty_repositories() {
     );
     assert_eq!(leftovers(&limits.work_root), Vec::<String>::new());
 }
+
+/// A repository above the work folder (a deploy checkout that holds `ANALYZER_WORK_DIR`) lends
+/// git none of its config: `git ls-remote`, run in a scratch folder that is no repository, used
+/// to search upwards and read it, so its `url.<base>.insteadOf` sent a vetted URL elsewhere.
+#[tokio::test]
+async fn a_repository_above_the_work_folder_lends_git_no_config() {
+    let wanted = GitFixture::new("ceiling-wanted");
+    wanted.write("a.txt", "wanted");
+    let commit = wanted.commit("wanted");
+    let elsewhere = GitFixture::new("ceiling-elsewhere");
+    elsewhere.write("b.txt", "elsewhere");
+    elsewhere.commit("elsewhere");
+    let above = GitFixture::new("ceiling-above");
+    above.git(&[
+        "config",
+        &format!("url.{}.insteadOf", elsewhere.url()),
+        &wanted.url(),
+    ]);
+    let limits = limits(above.path());
+    let url = vet_url(&wanted.url(), &policy()).await.unwrap();
+    let resolved = resolve_ref(&url, Some("main"), &limits).await.unwrap();
+    assert_eq!(resolved.commit, commit);
+}
