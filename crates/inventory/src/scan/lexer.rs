@@ -365,6 +365,8 @@ impl<'s> Lexer<'s> {
         let mut closed = false;
         while j < self.b.len() {
             match self.b[j] {
+                // A backslash before a CRLF continues the line over both bytes.
+                b'\\' if self.b[j + 1..].starts_with(b"\r\n") => j += 3,
                 b'\\' => j += 2,
                 c if c == quote => {
                     closed = true;
@@ -641,6 +643,10 @@ fn unescape(s: &str) -> String {
             Some('t') => out.push('\t'),
             Some(q @ ('\\' | '"' | '\'' | '`')) => out.push(q),
             Some('\n') => {}
+            // A line continuation written with CRLF.
+            Some('\r') if chars.clone().next() == Some('\n') => {
+                chars.next();
+            }
             Some(other) => {
                 out.push('\\');
                 out.push(other);
@@ -667,6 +673,15 @@ mod tests {
                 Tok::Regex => format!("re:{}", t.text),
             })
             .collect()
+    }
+
+    #[test]
+    fn a_line_continuation_reads_the_same_with_crlf() {
+        for src in ["it('a \\\n b', f);", "it('a \\\r\n b', f);"] {
+            let toks = lex(src, Lang::Js);
+            let strings: Vec<&str> = toks.iter().filter_map(|t| t.str_value()).collect();
+            assert_eq!(strings, ["a  b"], "{src:?}");
+        }
     }
 
     #[test]
