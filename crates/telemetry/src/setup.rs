@@ -16,7 +16,6 @@ use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer as _;
 use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::SubscriberExt as _;
-use tracing_subscriber::util::SubscriberInitExt as _;
 
 use crate::config::{LogFormat, OtlpProtocol, TelemetryConfig};
 use crate::otlp_transport::TransportRuntime;
@@ -187,11 +186,6 @@ fn validate_endpoint(endpoint: &str) -> Result<String, TelemetryError> {
 /// before it stays a no-op).
 pub fn init(config: &TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> {
     config.validate().map_err(TelemetryError::Config)?;
-    if tracing::dispatcher::has_been_set() {
-        return Err(TelemetryError::AlreadyInitialized(
-            "a global tracing subscriber is already installed".to_owned(),
-        ));
-    }
     let filter = log_filter(&config.rust_log)?;
     let endpoint = config.otlp_endpoint().map(validate_endpoint).transpose()?;
 
@@ -279,25 +273,21 @@ pub fn init(config: &TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> 
     };
     let otel_layer = tracing_opentelemetry::layer()
         .with_tracer(guard.tracer_provider.tracer(INSTRUMENTATION_NAME));
-    let installed = tracing_subscriber::registry()
+    // The subscriber first: if another one came first, the guard drops here and shuts its
+    // providers down, and nothing global was touched.
+    let subscriber = tracing_subscriber::registry()
         .with(filter)
         .with(fmt_layer)
-        .with(otel_layer)
-        .try_init();
-    // `try_init` installs the subscriber, then the `log` bridge. The subscriber fails only if
-    // another one came first (checked above): the guard drops here and shuts its providers down,
-    // and nothing global was touched. The bridge fails when the process already has a `log`
-    // logger: the subscriber is in place by then, so telemetry runs on, without `log` records,
-    // rather than leave a subscriber behind whose providers were shut down.
-    let log_bridge_refused = match installed {
-        Ok(()) => None,
-        Err(_) if !tracing::dispatcher::has_been_set() => {
-            return Err(TelemetryError::AlreadyInitialized(
-                "a global tracing subscriber is already installed".to_owned(),
-            ));
-        }
-        Err(e) => Some(e),
-    };
+        .with(otel_layer);
+    tracing::subscriber::set_global_default(subscriber)
+        .map_err(|e| TelemetryError::AlreadyInitialized(e.to_string()))?;
+    // Then the `log` bridge, with the subscriber's level. It fails when the process already has
+    // a `log` logger: the subscriber is in place by then, so telemetry runs on without `log`
+    // records rather than fail with a subscriber left behind whose providers were shut down.
+    let log_bridge_refused = tracing_log::LogTracer::builder()
+        .with_max_level(tracing_log::AsLog::as_log(&LevelFilter::current()))
+        .init()
+        .err();
 
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());
     opentelemetry::global::set_tracer_provider(guard.tracer_provider.clone());
