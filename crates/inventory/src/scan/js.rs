@@ -211,14 +211,7 @@ fn parse_call(toks: &[Token<'_>], brackets: &Brackets, i: usize) -> Option<Call>
     {
         return None;
     }
-    // Playwright's annotations inside a test (`test.skip(browserName === 'firefox', 'later')`,
-    // `test.fixme()`, `test.fail(cond)`) take a condition, not a title, and no test body.
-    if members
-        .iter()
-        .any(|m| matches!(*m, "skip" | "fixme" | "fail"))
-        && first.str_value().is_none()
-        && !has_callback_after_first_argument(toks, brackets, open, close)
-    {
+    if is_playwright_annotation(toks, brackets, base.text, &members, open, close) {
         return None;
     }
     // A literal title is the whole first argument only if an argument list's `,` or `)` follows
@@ -277,32 +270,60 @@ fn parse_call(toks: &[Token<'_>], brackets: &Brackets, i: usize) -> Option<Call>
     })
 }
 
-/// Whether the call's arguments after the first hold a function (`() => …`, `async ({ page }) =>
-/// …`, `function () {…}`): the body a test or suite call is given.
-fn has_callback_after_first_argument(
+/// Whether `test.skip(…)`, `test.fixme(…)` or `test.fail(…)` is one of Playwright's annotations
+/// inside a test, not a test: no arguments, or a condition (not a lone string: a title) with at
+/// most a description string after it. `test.skip('title', body)`, Jest's
+/// `test.skip(name, fn)` and a pending `test.skip('title')` stay tests.
+fn is_playwright_annotation(
+    toks: &[Token<'_>],
+    brackets: &Brackets,
+    base: &str,
+    members: &[&str],
+    open: usize,
+    close: usize,
+) -> bool {
+    if base != "test" || !matches!(members, ["skip" | "fixme" | "fail"]) {
+        return false;
+    }
+    let args = top_level_arguments(toks, brackets, open, close);
+    let lone_string =
+        |(from, to): (usize, usize)| to == from + 1 && toks[from].str_value().is_some();
+    match args.as_slice() {
+        [] => true,
+        [condition] => !lone_string(*condition),
+        [condition, description] => !lone_string(*condition) && lone_string(*description),
+        _ => false,
+    }
+}
+
+/// The token ranges (`from..to`) of the top-level arguments of the call whose `(` is at `open`
+/// and `)` at `close`.
+fn top_level_arguments(
     toks: &[Token<'_>],
     brackets: &Brackets,
     open: usize,
     close: usize,
-) -> bool {
-    let mut k = open + 1;
-    let mut past_first = false;
+) -> Vec<(usize, usize)> {
+    let mut args = Vec::new();
+    let mut from = open + 1;
+    let mut k = from;
     while k < close {
-        let t = &toks[k];
-        if t.is_punct(b',') {
-            past_first = true;
-        } else if past_first
-            && (t.is_ident("function")
-                || (t.is_punct(b'=') && toks.get(k + 1).is_some_and(|n| n.is_punct(b'>'))))
-        {
-            return true;
+        if toks[k].is_punct(b',') {
+            args.push((from, k));
+            from = k + 1;
+            k += 1;
+            continue;
         }
-        k = match t.kind {
+        k = match toks[k].kind {
             Tok::Punct(b'(' | b'[' | b'{') => brackets.matching(k) + 1,
             _ => k + 1,
         };
     }
-    false
+    // A trailing comma leaves nothing after it.
+    if from < close {
+        args.push((from, close));
+    }
+    args
 }
 
 /// The index of the `>` closing the type argument list opened by the `<` at `open`, if it closes
@@ -368,6 +389,12 @@ test('a', async ({ browserName }) => {
 test.skip('b', async ({ page }) => {});
 test.fail('c', async function ({ page }) {});
 it.skip(titleOf('d'), () => {});
+test.describe.skip(() => {
+  test('e', async () => {});
+});
+test.skip(c.name, c.run);
+it.skip(c.name, c.run);
+test.skip('pending');
 "#;
         let names: Vec<(String, Modifier)> = tests(src)
             .into_iter()
@@ -380,6 +407,10 @@ it.skip(titleOf('d'), () => {});
                 ("b".to_owned(), Modifier::Skip),
                 ("c".to_owned(), Modifier::None),
                 ("titleOf('d')".to_owned(), Modifier::Skip),
+                ("e".to_owned(), Modifier::Skip),
+                ("c.name".to_owned(), Modifier::Skip),
+                ("c.name".to_owned(), Modifier::Skip),
+                ("pending".to_owned(), Modifier::Skip),
             ]
         );
     }

@@ -647,14 +647,16 @@ fn runner_from_package_json(json: &serde_json::Value) -> Option<Framework> {
             .iter()
             .any(|section| json.get(section).and_then(|s| s.get(name)).is_some())
     };
+    // Playwright last: its spec files import `test` (from `@playwright/test` or a fixtures
+    // module), and a project with unit tests too keeps their runner for files that import none.
     if has("vitest") {
         Some(Framework::Vitest)
-    } else if has("@playwright/test") {
-        Some(Framework::Playwright)
     } else if has("jest") || has("ts-jest") || has("react-scripts") {
         Some(Framework::Jest)
     } else if has("mocha") {
         Some(Framework::Mocha)
+    } else if has("@playwright/test") {
+        Some(Framework::Playwright)
     } else {
         None
     }
@@ -671,6 +673,9 @@ mod tests {
             runner_from_package_json(&project),
             Some(Framework::Playwright)
         );
+        // With a unit-test runner beside it, files that import neither are that runner's.
+        let both = serde_json::json!({"devDependencies": {"@playwright/test": "1", "jest": "29"}});
+        assert_eq!(runner_from_package_json(&both), Some(Framework::Jest));
     }
 
     #[test]
