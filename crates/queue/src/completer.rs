@@ -352,6 +352,9 @@ async fn persist_batch(
                 failed.push(c, Some(state), delay, failure_label(*kind), message);
             }
             Resolution::Outcome(JobOutcome::Snoozed(d)) => {
+                // Cut here, where every snooze ends (a handler's, or a middleware's own
+                // outcome): a longer one would overflow the timestamp and fail the job's end.
+                let d = (*d).min(crate::outcome::MAX_SNOOZE);
                 snoozed.push(c, None, d.as_secs_f64(), "", "");
             }
             Resolution::Outcome(JobOutcome::Cancelled(reason)) => {

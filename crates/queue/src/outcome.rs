@@ -55,7 +55,8 @@ pub enum JobError {
     /// A failure: retry by the normal rules.
     Failed(BoxError),
     /// Not now: try again after the duration, without consuming an attempt. A snooze longer
-    /// than [`MAX_SNOOZE`] (`Duration::MAX` for "park it") is cut to it.
+    /// than [`MAX_SNOOZE`] (`Duration::MAX` for "park it") is cut to it when the job's end is
+    /// written.
     Snooze(Duration),
     /// Give up for good.
     Cancel(String),
@@ -72,7 +73,7 @@ impl JobError {
                 kind: FailureKind::Error,
                 message: error_chain(&*e),
             },
-            JobError::Snooze(d) => JobOutcome::Snoozed(d.min(MAX_SNOOZE)),
+            JobError::Snooze(d) => JobOutcome::Snoozed(d),
             JobError::Cancel(reason) => JobOutcome::Cancelled(reason),
         }
     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use queue::{CancelResult, Client, FailureKind, JobError, JobState, NewJob, Workers};
+use queue::{CancelResult, Client, FailureKind, JobError, JobOutcome, JobState, NewJob, Workers};
 use support::*;
 use testkit::TestDb;
 
@@ -280,6 +280,40 @@ async fn an_endless_snooze_parks_the_job_instead_of_failing_it() {
     assert!(parked.attempt_errors().is_empty());
     let years = (parked.scheduled_at - chrono::Utc::now()).num_days() / 365;
     assert!((99..=100).contains(&years), "{years} years");
+
+    // The same from a middleware's own outcome, which no handler's error went through.
+    struct Parks;
+    #[async_trait::async_trait]
+    impl queue::Middleware for Parks {
+        async fn handle(&self, _ctx: &queue::JobContext, _next: queue::Next<'_>) -> JobOutcome {
+            JobOutcome::Snoozed(Duration::MAX)
+        }
+    }
+    let job = client
+        .insert(NewJob::new(q("parked"), &Noop {}).unwrap().max_attempts(1))
+        .await
+        .unwrap()
+        .job;
+    let mut workers = Workers::new();
+    workers.register_fn::<Noop, _, _>(|_ctx, _args| async move { Ok(()) });
+    let engine = queue::Engine::builder(client.clone())
+        .name("test")
+        .config(fast_config())
+        .workers(workers)
+        .queue(q("parked"), 1)
+        .middleware(Arc::new(Parks))
+        .build()
+        .unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(engine.run(shutdown.clone()));
+    let parked = eventually(Duration::from_secs(20), "the job is snoozed", || async {
+        let j = client.job(job.id).await.unwrap().unwrap();
+        (j.snoozes() == 1).then_some(j)
+    })
+    .await;
+    shutdown.cancel();
+    running.await.unwrap().unwrap();
+    assert_eq!(parked.state, JobState::Scheduled);
 }
 
 #[tokio::test]
