@@ -42,12 +42,16 @@ pub(crate) async fn register(
 }
 
 /// How long one heartbeat may wait for its answer: a heartbeat interval (at least a second), and
-/// at most half of `rescue_after`, so that the next one still lands before the rescuer looks.
+/// at most half of what `rescue_after` leaves after an interval. A beat that stalls starts an
+/// interval after the last good one and gives up at this deadline; the retry on a fresh
+/// connection then still lands before the rescuer looks.
 pub(crate) fn heartbeat_deadline(config: &EngineConfig) -> Duration {
-    config
-        .heartbeat_interval
-        .max(Duration::from_secs(1))
-        .min(config.rescue_after / 2)
+    config.heartbeat_interval.max(Duration::from_secs(1)).min(
+        config
+            .rescue_after
+            .saturating_sub(config.heartbeat_interval)
+            / 2,
+    )
 }
 
 /// The heartbeat's own connection, outside any pool: made when needed, and dropped after any
@@ -80,20 +84,26 @@ impl HeartbeatConnection {
         }
     }
 
-    /// One heartbeat, connecting first if need be, all within the deadline.
+    /// One heartbeat, connecting first if need be, all within the deadline. A kept connection
+    /// that fails (the server restarted, a failover, an idle cut) is replaced and the heartbeat
+    /// tried once more on the new one, as a pool's ping before use would have.
     pub(crate) async fn beat(
         &mut self,
         worker_id: &str,
         queues: &[String],
     ) -> Result<(), QueueError> {
         let attempt = async {
-            let conn = match &mut self.conn {
-                Some(conn) => conn,
-                None => self
-                    .conn
-                    .insert(PgConnection::connect_with(&self.options).await?),
-            };
-            register(conn, worker_id, queues).await
+            if let Some(kept) = &mut self.conn {
+                match register(kept, worker_id, queues).await {
+                    Ok(()) => return Ok(()),
+                    Err(e) if !e.is_connection_error() => return Err(e),
+                    Err(_) => self.conn = None,
+                }
+            }
+            let fresh = self
+                .conn
+                .insert(PgConnection::connect_with(&self.options).await?);
+            register(fresh, worker_id, queues).await
         };
         let outcome = tokio::time::timeout(self.deadline, attempt).await;
         let result = outcome.unwrap_or_else(|_| {
@@ -436,6 +446,11 @@ mod tests {
         assert!(stalled.is_connection_error(), "{stalled}");
 
         proxy.forward_to(db.server_address());
+        beat_within_5s().await.unwrap();
+
+        // A kept connection the server ended (a restart, a failover) is replaced within the
+        // same heartbeat.
+        db.terminate_connections().await;
         beat_within_5s().await.unwrap();
         let beats: i64 =
             sqlx::query_scalar("SELECT count(*) FROM fairlane_worker WHERE id = 'stalled-worker'")

@@ -207,7 +207,12 @@ pub async fn run(
                         finals_counted_at = Some(Instant::now());
                     }
                 }
-                Err(e) => tracing::warn!(error = %e, "counting queue depths failed"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "counting queue depths failed");
+                    // What failed may have removed the final-state counts: count them again at
+                    // the next round that succeeds, not a whole final interval later.
+                    finals_counted_at = None;
+                }
             }
         } else {
             gauges.clear();
