@@ -94,7 +94,7 @@ impl AnalysisWorker {
         );
         let checkout = fetch(&vetted, &record, &limits)
             .await
-            .map_err(fetch_failure)?;
+            .map_err(|e| fetch_failure(e, ctx.job().attempt))?;
         let commit = checkout.commit().to_owned();
         if let Some(wanted) = &record.commit
             && record.user_id.is_some()
@@ -245,11 +245,18 @@ fn url_failure(e: &UrlError, attempt: i16) -> JobError {
     }
 }
 
-fn fetch_failure(e: FetchError) -> JobError {
-    if e.is_permanent() {
-        JobError::Cancel(e.to_string())
-    } else {
-        JobError::Failed(Box::new(e))
+/// The attempt on which git killed by the out-of-memory killer ends the job. Once may be a
+/// neighbour's doing (ten analyses share a replica's memory); on every try, the repository needs
+/// more than the worker has, and waiting days of retries would only hold the user's quota.
+pub const KILLED_ATTEMPTS: i16 = 3;
+
+fn fetch_failure(e: FetchError, attempt: i16) -> JobError {
+    match e {
+        FetchError::Killed { .. } if attempt >= KILLED_ATTEMPTS => {
+            JobError::Cancel(format!("{e}, on {attempt} attempts"))
+        }
+        e if e.is_permanent() => JobError::Cancel(e.to_string()),
+        e => JobError::Failed(Box::new(e)),
     }
 }
 
@@ -407,33 +414,56 @@ mod tests {
     #[test]
     fn permanent_failures_cancel_and_transient_ones_retry() {
         assert_eq!(
-            cancel_reason(fetch_failure(FetchError::TooManyFiles { limit: 5 })).as_deref(),
+            cancel_reason(fetch_failure(FetchError::TooManyFiles { limit: 5 }, 1)).as_deref(),
             Some("the repository has too many files and folders: more than 5")
         );
         assert!(
-            cancel_reason(fetch_failure(FetchError::TimedOut {
-                stage: inventory::Stage::Fetch,
-                limit: Duration::from_secs(2),
-            }))
+            cancel_reason(fetch_failure(
+                FetchError::TimedOut {
+                    stage: inventory::Stage::Fetch,
+                    limit: Duration::from_secs(2),
+                },
+                1
+            ))
             .is_some_and(|r| r.starts_with("timed out while fetching"))
         );
         assert!(
-            cancel_reason(fetch_failure(FetchError::OutOfMemory {
-                stage: inventory::Stage::Fetch,
-                limit: 1 << 30,
-            }))
+            cancel_reason(fetch_failure(
+                FetchError::OutOfMemory {
+                    stage: inventory::Stage::Fetch,
+                    limit: 1 << 30,
+                },
+                1
+            ))
             .is_some_and(|r| r.starts_with("the repository needs more memory than allowed"))
         );
         assert!(
-            cancel_reason(fetch_failure(FetchError::RepositoryNotFound)).is_some(),
+            cancel_reason(fetch_failure(FetchError::RepositoryNotFound, 1)).is_some(),
             "not found"
         );
         assert!(matches!(
-            fetch_failure(FetchError::Unreachable {
-                detail: "reset".into()
-            }),
+            fetch_failure(
+                FetchError::Unreachable {
+                    detail: "reset".into()
+                },
+                1
+            ),
             JobError::Failed(_)
         ));
+        // git killed by the out-of-memory killer is retried a few times, then ends the job.
+        let killed = || FetchError::Killed {
+            stage: inventory::Stage::Fetch,
+        };
+        assert!(matches!(
+            fetch_failure(killed(), KILLED_ATTEMPTS - 1),
+            JobError::Failed(_)
+        ));
+        assert_eq!(
+            cancel_reason(fetch_failure(killed(), KILLED_ATTEMPTS)).as_deref(),
+            Some(
+                "git was killed while fetching (the worker ran out of memory, most likely), on 3 attempts"
+            )
+        );
         assert_eq!(
             cancel_reason(url_failure(&UrlError::FileUrlsNotAllowed, 1)).as_deref(),
             Some(

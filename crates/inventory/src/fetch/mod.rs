@@ -165,6 +165,14 @@ pub enum FetchError {
         /// What is wrong (git's words, redacted).
         detail: String,
     },
+    /// git was killed by a signal it was not sent by us: nearly always the kernel's out-of-memory
+    /// killer, when the worker's memory ran out. That may be another job's doing, so it is
+    /// retried; the caller decides when it is the repository's.
+    #[error("git was killed while {stage} (the worker ran out of memory, most likely)")]
+    Killed {
+        /// The step.
+        stage: Stage,
+    },
     /// Any other git failure.
     #[error("git failed while {stage}: {detail}")]
     Git {
@@ -190,7 +198,10 @@ impl FetchError {
     pub fn is_permanent(&self) -> bool {
         !matches!(
             self,
-            FetchError::Unreachable { .. } | FetchError::Git { .. } | FetchError::Io { .. }
+            FetchError::Unreachable { .. }
+                | FetchError::Killed { .. }
+                | FetchError::Git { .. }
+                | FetchError::Io { .. }
         )
     }
 }
@@ -312,6 +323,11 @@ fn classify_failure(stage: Stage, output: &GitOutput, git_ref: Option<&str>) -> 
             stage,
             limit: output.memory_cap,
         };
+    }
+    // Our own kills (the time cap, a cap on size, a cancel) end the fetch before its output is
+    // classified; a SIGKILL seen here came from elsewhere.
+    if std::os::unix::process::ExitStatusExt::signal(&output.status) == Some(9) {
+        return FetchError::Killed { stage };
     }
     if text.contains("transport") && text.contains("not allowed") {
         return FetchError::Refused {
@@ -976,6 +992,21 @@ mod tests {
             classify_failure(Stage::Checkout, &mapped, None),
             FetchError::OutOfMemory { .. }
         ));
+        // Killed by a signal nobody here sent: the out-of-memory killer, most likely.
+        let killed = GitOutput {
+            status: std::os::unix::process::ExitStatusExt::from_raw(9),
+            ..failed("")
+        };
+        let e = classify_failure(Stage::Fetch, &killed, None);
+        assert!(
+            matches!(
+                e,
+                FetchError::Killed {
+                    stage: Stage::Fetch
+                }
+            ) && !e.is_permanent(),
+            "{e:?}"
+        );
         // The server ran short: not this repository's fault here, and it may pass.
         let theirs = failed(
             "remote: fatal: Out of memory, malloc failed\n\
