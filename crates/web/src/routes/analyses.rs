@@ -63,7 +63,9 @@ fn fetch_problem(e: &FetchError) -> Problem {
         FetchError::RefNotFound { .. } | FetchError::EmptyRepository => ("ref_not_found", "ref"),
         FetchError::RepositoryNotFound => ("repository_not_found", "repository"),
         FetchError::Refused { .. } => ("validation_failed", "repository"),
-        FetchError::Io { .. } => return Problem::internal(e),
+        // This server's own trouble (a local failure; its git killed, as by the out-of-memory
+        // killer), not the repository's.
+        FetchError::Io { .. } | FetchError::Killed { .. } => return Problem::internal(e),
         _ => ("repository_unreachable", "repository"),
     };
     Problem::new(
@@ -226,4 +228,28 @@ async fn read_analysis(
         .bind(user)
         .fetch_optional(&state.pool)
         .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_servers_own_failures_are_not_the_repositorys() {
+        let killed = FetchError::Killed {
+            stage: inventory::Stage::Resolve,
+        };
+        assert_eq!(
+            fetch_problem(&killed).status(),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+        let unreachable = FetchError::Unreachable {
+            detail: "connection refused".into(),
+        };
+        let problem = fetch_problem(&unreachable);
+        assert_eq!(
+            (problem.status(), problem.code()),
+            (StatusCode::UNPROCESSABLE_ENTITY, "repository_unreachable")
+        );
+    }
 }
