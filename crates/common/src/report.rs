@@ -12,18 +12,32 @@ pub fn parse_command_line<C: clap::Parser>(program: &str) -> Result<C, ExitCode>
     match C::try_parse() {
         Ok(cli) => Ok(cli),
         Err(e) if !e.use_stderr() => e.exit(),
-        Err(e) => {
-            let line = command_line_error(
+        Err(e) => Err(refused(
+            program,
+            &command_line_error(
                 e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand,
                 &e.to_string(),
-            );
-            #[allow(clippy::print_stderr)]
-            {
-                eprintln!("{program}: {line}");
-            }
-            Err(ExitCode::FAILURE)
-        }
+            ),
+        )),
     }
+}
+
+/// How `main` ends with `result`: success, or the error and its causes as one line on stderr
+/// (`program: …`, [`one_line`]) and exit code 1.
+pub fn exit_code<E: AsRef<dyn Error + 'static>>(program: &str, result: Result<(), E>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => refused(program, &one_line(e.as_ref())),
+    }
+}
+
+/// Prints `program: line` on stderr; exit code 1.
+fn refused(program: &str, line: &str) -> ExitCode {
+    #[allow(clippy::print_stderr)]
+    {
+        eprintln!("{program}: {line}");
+    }
+    ExitCode::FAILURE
 }
 
 /// clap's rendering of a refused command line as one line: the message up to its first blank

@@ -17,19 +17,9 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    let cli = match common::report::parse_command_line::<Cli>("specgen-worker") {
-        Ok(cli) => cli,
-        Err(exit) => return exit,
-    };
-    match run(&cli) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            #[allow(clippy::print_stderr)]
-            {
-                eprintln!("specgen-worker: {}", common::report::one_line(e.as_ref()));
-            }
-            ExitCode::FAILURE
-        }
+    match common::report::parse_command_line::<Cli>("specgen-worker") {
+        Ok(cli) => common::report::exit_code("specgen-worker", run(&cli)),
+        Err(exit) => exit,
     }
 }
 

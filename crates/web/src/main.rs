@@ -5,18 +5,8 @@ use std::process::ExitCode;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = match common::report::parse_command_line::<web::cli::Cli>("web") {
-        Ok(cli) => cli,
-        Err(exit) => return exit,
-    };
-    match web::cli::main(cli).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            #[allow(clippy::print_stderr)]
-            {
-                eprintln!("web: {}", common::report::one_line(e.as_ref()));
-            }
-            ExitCode::FAILURE
-        }
+    match common::report::parse_command_line::<web::cli::Cli>("web") {
+        Ok(cli) => common::report::exit_code("web", web::cli::main(cli).await),
+        Err(exit) => exit,
     }
 }
