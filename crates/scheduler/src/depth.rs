@@ -56,14 +56,21 @@ pub fn zero_filled(
     states: &[JobState],
     rows: &[(String, JobState, i64)],
 ) -> Depths {
-    let mut depths: Depths = known
+    let mut depths: Depths = rows
         .iter()
-        .flat_map(|q| states.iter().map(move |s| ((q.clone(), s.as_str()), 0)))
+        .map(|(queue, state, n)| ((queue.clone(), state.as_str()), *n))
         .collect();
-    for (queue, state, n) in rows {
-        depths.insert((queue.clone(), state.as_str()), *n);
-    }
+    fill_missing(&mut depths, known, states);
     depths
+}
+
+/// Gives every queue of `known` every state of `states` in `depths`, zero where it has none.
+fn fill_missing(depths: &mut Depths, known: &BTreeSet<String>, states: &[JobState]) {
+    for queue in known {
+        for state in states {
+            depths.entry((queue.clone(), state.as_str())).or_insert(0);
+        }
+    }
 }
 
 /// Non-final jobs per queue and state (see the module docs for the index each part uses).
@@ -256,11 +263,7 @@ async fn refresh(
         s.reservations = reservations;
         // Queues first seen in this round read 0 in final states until the next final count.
         if !s.finals.is_empty() {
-            for q in known.iter() {
-                for state in FINAL_STATES {
-                    s.finals.entry((q.clone(), state.as_str())).or_insert(0);
-                }
-            }
+            fill_missing(&mut s.finals, known, &FINAL_STATES);
         }
     }
     if finals {
@@ -269,11 +272,7 @@ async fn refresh(
                 known.extend(rows.iter().map(|(q, _, _)| q.clone()));
                 let mut s = lock(&gauges.snapshot);
                 s.finals = zero_filled(known, &FINAL_STATES, &rows);
-                for q in known.iter() {
-                    for state in LIVE_STATES {
-                        s.live.entry((q.clone(), state.as_str())).or_insert(0);
-                    }
-                }
+                fill_missing(&mut s.live, known, &LIVE_STATES);
             }
             Err(e) => {
                 lock(&gauges.snapshot).finals.clear();
