@@ -223,23 +223,9 @@ fn parse_call(toks: &[Token<'_>], brackets: &Brackets, i: usize) -> Option<Call>
     let name = match literal {
         Some(v) => v.to_string(),
         None => {
-            // A non-literal title: use the expression's source text, up to its comma (stepping
-            // over bracketed parts). A title is short: one longer than
-            // `MAX_TITLE_EXPRESSION_TOKENS` is no title (and an unclosed call does not make
-            // every call before it walk to the end of the file).
-            let mut end = open + 1;
-            let mut steps = 0;
-            while end < close && !toks[end].is_punct(b',') {
-                steps += 1;
-                if steps > MAX_TITLE_EXPRESSION_TOKENS {
-                    return None;
-                }
-                end = match toks[end].kind {
-                    Tok::Punct(b'(' | b'[' | b'{') => brackets.matching(end) + 1,
-                    _ => end + 1,
-                };
-            }
-            if end == open + 1 || end > close {
+            // A non-literal title: the expression's source text, up to its comma.
+            let end = argument_end(toks, brackets, open + 1, close)?;
+            if end == open + 1 {
                 return None;
             }
             source_span(toks, open + 1, end)
@@ -285,7 +271,10 @@ fn is_playwright_annotation(
     if base != "test" || !matches!(members, ["skip" | "fixme" | "fail"]) {
         return false;
     }
-    let args = top_level_arguments(toks, brackets, open, close);
+    // Three are enough to tell: an annotation takes two at most.
+    let Some(args) = leading_arguments(toks, brackets, open, close, 3) else {
+        return false;
+    };
     let lone_string =
         |(from, to): (usize, usize)| to == from + 1 && toks[from].str_value().is_some();
     match args.as_slice() {
@@ -296,34 +285,49 @@ fn is_playwright_annotation(
     }
 }
 
-/// The token ranges (`from..to`) of the top-level arguments of the call whose `(` is at `open`
-/// and `)` at `close`.
-fn top_level_arguments(
+/// The token ranges (`from..to`) of the first `max` arguments of the call whose `(` is at `open`
+/// and `)` at `close` (a trailing comma leaves nothing after it); `None` if one of them is no
+/// short expression ([`argument_end`]).
+fn leading_arguments(
     toks: &[Token<'_>],
     brackets: &Brackets,
     open: usize,
     close: usize,
-) -> Vec<(usize, usize)> {
+    max: usize,
+) -> Option<Vec<(usize, usize)>> {
     let mut args = Vec::new();
     let mut from = open + 1;
-    let mut k = from;
-    while k < close {
-        if toks[k].is_punct(b',') {
-            args.push((from, k));
-            from = k + 1;
-            k += 1;
-            continue;
+    while from < close && args.len() < max {
+        let end = argument_end(toks, brackets, from, close)?;
+        args.push((from, end));
+        from = end + 1;
+    }
+    Some(args)
+}
+
+/// Where the call argument starting at token `from` ends: the `,` after it, or the call's `)`
+/// at `close`, stepping over bracketed parts. An argument is a short expression: one longer
+/// than [`MAX_TITLE_EXPRESSION_TOKENS`] steps, or running past `close`, gives `None` (so an
+/// unclosed call does not make every call before it walk to the end of the file).
+fn argument_end(
+    toks: &[Token<'_>],
+    brackets: &Brackets,
+    from: usize,
+    close: usize,
+) -> Option<usize> {
+    let mut end = from;
+    let mut steps = 0;
+    while end < close && !toks[end].is_punct(b',') {
+        steps += 1;
+        if steps > MAX_TITLE_EXPRESSION_TOKENS {
+            return None;
         }
-        k = match toks[k].kind {
-            Tok::Punct(b'(' | b'[' | b'{') => brackets.matching(k) + 1,
-            _ => k + 1,
+        end = match toks[end].kind {
+            Tok::Punct(b'(' | b'[' | b'{') => brackets.matching(end) + 1,
+            _ => end + 1,
         };
     }
-    // A trailing comma leaves nothing after it.
-    if from < close {
-        args.push((from, close));
-    }
-    args
+    (end <= close).then_some(end)
 }
 
 /// The index of the `>` closing the type argument list opened by the `<` at `open`, if it closes
