@@ -296,23 +296,22 @@ async fn an_endless_snooze_parks_the_job_instead_of_failing_it() {
         .job;
     let mut workers = Workers::new();
     workers.register_fn::<Noop, _, _>(|_ctx, _args| async move { Ok(()) });
-    let engine = queue::Engine::builder(client.clone())
-        .name("test")
-        .config(fast_config())
-        .workers(workers)
-        .queue(q("parked"), 1)
-        .middleware(Arc::new(Parks))
-        .build()
-        .unwrap();
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let running = tokio::spawn(engine.run(shutdown.clone()));
+    let engine = run_engine(
+        queue::Engine::builder(client.clone())
+            .name("test")
+            .config(fast_config())
+            .workers(workers)
+            .queue(q("parked"), 1)
+            .middleware(Arc::new(Parks))
+            .build()
+            .unwrap(),
+    );
     let parked = eventually(Duration::from_secs(20), "the job is snoozed", || async {
         let j = client.job(job.id).await.unwrap().unwrap();
         (j.snoozes() == 1).then_some(j)
     })
     .await;
-    shutdown.cancel();
-    running.await.unwrap().unwrap();
+    engine.stop().await;
     assert_eq!(parked.state, JobState::Scheduled);
 }
 

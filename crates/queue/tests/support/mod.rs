@@ -69,7 +69,11 @@ pub fn start(
     for (name, n) in queues {
         builder = builder.queue(q(name), *n);
     }
-    let engine = builder.build().unwrap();
+    run_engine(builder.build().unwrap())
+}
+
+/// Runs an engine built by the test (with middleware, say) until [`Running::stop`].
+pub fn run_engine(engine: Engine) -> Running {
     let worker_id = engine.worker_id().to_owned();
     let shutdown = CancellationToken::new();
     let handle = tokio::spawn(engine.run(shutdown.clone()));
