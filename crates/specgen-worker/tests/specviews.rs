@@ -279,17 +279,6 @@ async fn heavy_specviews_of_known_and_unusable_analyses() {
     assert!(worker.terminate(Duration::from_secs(30)).await.success());
 }
 
-/// The statements of the test database's sessions that wait for a lock.
-async fn waiting_statements(pool: &PgPool) -> Vec<String> {
-    sqlx::query_scalar(
-        "SELECT query FROM pg_stat_activity WHERE datname = current_database() \
-         AND wait_event_type = 'Lock'",
-    )
-    .fetch_all(pool)
-    .await
-    .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heavy_a_specview_cancelled_while_it_runs_stores_and_bills_nothing() {
     let db = TestDb::new().await;
@@ -316,7 +305,7 @@ async fn heavy_a_specview_cancelled_while_it_runs_stores_and_bills_nothing() {
         ],
     );
     testkit::eventually(Duration::from_secs(30), "the claim to wait", || async {
-        let waiting = waiting_statements(&db.pool).await;
+        let waiting = testkit::lock_waiting_statements(&db.pool).await;
         waiting
             .iter()
             .any(|q| q.contains("WITH claimed"))
@@ -335,7 +324,7 @@ async fn heavy_a_specview_cancelled_while_it_runs_stores_and_bills_nothing() {
     // The job's ending writes the record too, so it waits behind the test's lock beside the
     // claim.
     testkit::eventually(Duration::from_secs(30), "the job's ending", || async {
-        let waiting = waiting_statements(&db.pool).await;
+        let waiting = testkit::lock_waiting_statements(&db.pool).await;
         waiting
             .iter()
             .any(|q| !q.contains("WITH claimed"))

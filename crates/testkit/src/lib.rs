@@ -319,6 +319,18 @@ async fn isolation_of(pool: &PgPool) -> String {
         .expect("SHOW transaction_isolation")
 }
 
+/// The statements of `pool`'s database's sessions that wait for a lock (a request blocked on a
+/// row a test holds).
+pub async fn lock_waiting_statements(pool: &PgPool) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT query FROM pg_stat_activity WHERE datname = current_database() \
+         AND wait_event_type = 'Lock'",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap_or_else(|e| panic!("reading pg_stat_activity: {e}"))
+}
+
 /// Asserts that the pools `build` makes on a database whose default isolation is `repeatable
 /// read` run READ COMMITTED all the same, while a plain pool on it gets the default.
 pub async fn assert_pools_pin_read_committed(build: impl FnOnce(&TestDb) -> Vec<PgPool>) {

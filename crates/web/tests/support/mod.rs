@@ -286,22 +286,10 @@ pub async fn hold_user_row(
     holder
 }
 
-/// Sessions of the test database waiting for a lock (a request blocked on a held row).
-pub async fn lock_waiters(pool: &PgPool) -> i64 {
-    let (waiting,): (i64,) = sqlx::query_as(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-         AND wait_event_type = 'Lock'",
-    )
-    .fetch_one(pool)
-    .await
-    .unwrap();
-    waiting
-}
-
 /// Waits up to 10 s for a session of the test database to wait for a lock (`what` names it).
 pub async fn until_a_lock_waits(pool: &PgPool, what: &str) {
     testkit::eventually(Duration::from_secs(10), what, || async {
-        (lock_waiters(pool).await > 0).then_some(())
+        (!testkit::lock_waiting_statements(pool).await.is_empty()).then_some(())
     })
     .await;
 }
