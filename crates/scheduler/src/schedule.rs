@@ -111,15 +111,11 @@ impl Schedule {
         due
     }
 
-    /// How long to sleep at `now` until the next tick (a millisecond late rather than early, so
-    /// the wake-up finds the tick due). `None` if the schedule never fires again.
-    pub fn until_next(&self, now: DateTime<Utc>) -> Option<std::time::Duration> {
-        self.until_next_after(now, now)
-    }
-
     /// How long to sleep at `now` until the first tick after `done_up_to` (the instant up to
-    /// which every tick was run): no time at all if that tick came due meanwhile, as one that fell
-    /// due while the ticks before it ran has.
+    /// which every tick was run; `now` itself when none ran), a millisecond late rather than
+    /// early, so the wake-up finds the tick due: no time at all if that tick came due meanwhile,
+    /// as one that fell due while the ticks before it ran has. `None` if the schedule never
+    /// fires again.
     pub fn until_next_after(
         &self,
         done_up_to: DateTime<Utc>,
@@ -237,7 +233,8 @@ mod tests {
     #[test]
     fn sleeping_until_next_lands_just_after_the_tick() {
         let s = Schedule::parse("0 3 * * *").unwrap();
-        let wait = s.until_next(at("2026-11-24T02:59:59.5Z")).unwrap();
+        let now = at("2026-11-24T02:59:59.5Z");
+        let wait = s.until_next_after(now, now).unwrap();
         assert_eq!(wait, std::time::Duration::from_millis(501));
         let woke = at("2026-11-24T02:59:59.5Z") + chrono::Duration::from_std(wait).unwrap();
         assert_eq!(
