@@ -61,11 +61,11 @@ impl AnalysisWorker {
 impl Worker<AnalysisArgs> for AnalysisWorker {
     async fn work(&self, ctx: &JobContext, args: AnalysisArgs) -> Result<(), JobError> {
         // Stopping drops the analysis: git is killed and the checkout folder removed.
-        tokio::select! {
-            biased;
-            () = ctx.cancelled() => Err(JobError::msg("stopped before the analysis finished")),
-            result = self.analyse(ctx, &args) => result,
-        }
+        ctx.unless_stopped(
+            "stopped before the analysis finished",
+            self.analyse(ctx, &args),
+        )
+        .await
     }
 
     fn timeout(&self) -> Option<Duration> {

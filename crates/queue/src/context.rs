@@ -7,6 +7,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::job::{JobId, JobRow};
+use crate::outcome::JobError;
 
 /// Why a running job was told to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,6 +111,21 @@ impl JobContext {
     /// Completes when the job is told to stop; long handlers should `select!` on it.
     pub async fn cancelled(&self) {
         self.inner.control.token().cancelled().await;
+    }
+
+    /// Runs `work` until it ends or the job is told to stop (a user's cancel, the job's timeout,
+    /// a shutdown), whichever comes first; a stop drops `work` wherever it is and fails the
+    /// attempt with `stopped` (the queue then records the cancel or hands the job back).
+    pub async fn unless_stopped<T>(
+        &self,
+        stopped: &str,
+        work: impl Future<Output = Result<T, JobError>>,
+    ) -> Result<T, JobError> {
+        tokio::select! {
+            biased;
+            () = self.cancelled() => Err(JobError::msg(stopped)),
+            result = work => result,
+        }
     }
 
     pub fn cancel_reason(&self) -> Option<CancelReason> {

@@ -56,11 +56,11 @@ impl Worker<SpecviewArgs> for SpecviewWorker {
         // A user's cancel, the job's timeout or a shutdown ends the job here, whatever step it
         // is at: nothing is staged after it, so nothing is billed. A rendering already started
         // runs to its end on its blocking thread (the inventory's caps bound it) and is dropped.
-        tokio::select! {
-            biased;
-            () = ctx.cancelled() => Err(JobError::msg("stopped before the specview was stored")),
-            result = self.render(ctx, args) => result,
-        }
+        ctx.unless_stopped(
+            "stopped before the specview was stored",
+            self.render(ctx, args),
+        )
+        .await
     }
 }
 
