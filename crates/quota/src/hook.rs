@@ -7,8 +7,10 @@ use sqlx::PgConnection;
 /// A [`TransitionHook`] that bills completed jobs and releases the reservations of failed and
 /// cancelled ones, atomically with the state change:
 ///
-/// - `completed`: one usage event (amount = the reservation's `reserved_amount`, `job_id` unique,
-///   so a job can never be billed twice) and the reservation is deleted;
+/// - `completed`: the reservation is deleted and, in the same statement, billed as one usage
+///   event (amount = its `reserved_amount`). Only the statement that deletes a reservation bills
+///   it, and the event names it (`reservation_id` is unique), so a job is never billed twice;
+///   its `job_id` need not be unique (an older event may hold the same id);
 /// - `cancelled` / `discarded`: the reservation is deleted, nothing is billed;
 /// - anything else (retry, snooze, rescue): the reservation stays.
 ///
@@ -59,12 +61,12 @@ pub async fn end_reservations(
     let (released, billed, released_completed): (i64, i64, i64) = sqlx::query_as(
         "WITH ended AS ( \
            DELETE FROM quota_reservations WHERE job_id = ANY($1) \
-           RETURNING user_id, event_type, reserved_amount, job_id \
+           RETURNING id, user_id, event_type, reserved_amount, job_id \
          ), billed AS ( \
-           INSERT INTO usage_events (user_id, event_type, amount, job_id) \
-           SELECT user_id, event_type, reserved_amount, job_id FROM ended \
+           INSERT INTO usage_events (user_id, event_type, amount, job_id, reservation_id) \
+           SELECT user_id, event_type, reserved_amount, job_id, id FROM ended \
            WHERE job_id = ANY($2) \
-           ON CONFLICT (job_id) DO NOTHING \
+           ON CONFLICT (reservation_id) DO NOTHING \
            RETURNING 1 \
          ) \
          SELECT (SELECT count(*) FROM ended), (SELECT count(*) FROM billed), \
@@ -75,8 +77,8 @@ pub async fn end_reservations(
     .fetch_one(&mut *conn)
     .await?;
     if billed < released_completed {
-        // A usage event with the job's id existed already (imported usage, an id reused after a
-        // restore): its units are released but this completion is not billed again.
+        // A usage event naming the reservation existed already: it cannot, as only the statement
+        // that deletes a reservation bills it, but if it did, billing it again would be wrong.
         tracing::error!(
             released_completed,
             billed,

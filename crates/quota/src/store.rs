@@ -584,17 +584,19 @@ pub async fn cleanup(pool: &PgPool, ttl: Duration) -> Result<CleanupReport, Quot
            WHERE r.id = ANY($2) AND ({ORPHANED}) \
          ), deleted AS ( \
            DELETE FROM quota_reservations r USING doomed d WHERE r.id = d.id \
-           RETURNING d.user_id, d.event_type, d.reserved_amount, d.job_id, d.completed, \
+           RETURNING d.id, d.user_id, d.event_type, d.reserved_amount, d.job_id, d.completed, \
                      d.finalized_at, d.why \
          ), billed AS ( \
-           INSERT INTO usage_events (user_id, event_type, amount, job_id, occurred_at) \
-           SELECT user_id, event_type, reserved_amount, job_id, coalesce(finalized_at, now()) \
+           INSERT INTO usage_events \
+             (user_id, event_type, amount, job_id, reservation_id, occurred_at) \
+           SELECT user_id, event_type, reserved_amount, job_id, id, \
+                  coalesce(finalized_at, now()) \
            FROM deleted WHERE completed \
-           ON CONFLICT (job_id) DO NOTHING \
-           RETURNING job_id \
+           ON CONFLICT (reservation_id) DO NOTHING \
+           RETURNING reservation_id \
          ) \
          SELECT why, count(*), \
-                count(*) FILTER (WHERE job_id IN (SELECT job_id FROM billed)) \
+                count(*) FILTER (WHERE id IN (SELECT reservation_id FROM billed)) \
          FROM deleted GROUP BY why"
     )))
     .bind(ttl.as_secs_f64())

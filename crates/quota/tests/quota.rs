@@ -539,6 +539,67 @@ async fn the_hook_bills_completed_jobs_once_and_releases_failed_ones() {
     assert_totals_exact(&db.pool).await;
 }
 
+/// Jobs whose ids already stand on usage events (usage imported with its old job ids, or ids
+/// handed out again after `fairlane_job` was restored apart from `usage_events`) are billed when
+/// they complete, through the hook and through cleanup alike: a bill is keyed by the
+/// reservation it ends, which only one of them can delete.
+#[tokio::test]
+async fn a_job_whose_id_an_older_usage_event_holds_is_billed_all_the_same() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let quota = quota();
+    let user = user(&db.pool, "pro").await;
+    let by_hook = reserve_and_enqueue(&db.pool, &client, &quota, user)
+        .await
+        .unwrap();
+    let by_cleanup = reserve_and_enqueue(&db.pool, &client, &quota, user)
+        .await
+        .unwrap();
+    for job in [by_hook, by_cleanup] {
+        sqlx::query(
+            "INSERT INTO usage_events (user_id, event_type, amount, job_id) \
+             VALUES ($1, 'analysis', 7, $2)",
+        )
+        .bind(user)
+        .bind(job)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+    let mut conn = db.pool.acquire().await.unwrap();
+    let effect = quota::end_reservations(&mut conn, &[transition(by_hook, JobState::Completed)])
+        .await
+        .unwrap();
+    assert_eq!((effect.released, effect.billed), (1, 1));
+    // Finished by a process without the hook: cleanup bills it.
+    sqlx::query("UPDATE fairlane_job SET state = 'completed', finalized_at = now() WHERE id = $1")
+        .bind(by_cleanup)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let report = quota::cleanup(&db.pool, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert_eq!((report.final_job, report.billed), (1, 1));
+    // Neither is billed twice by a replay.
+    let again = quota::end_reservations(&mut conn, &[transition(by_hook, JobState::Completed)])
+        .await
+        .unwrap();
+    assert_eq!((again.released, again.billed), (0, 0));
+    assert_eq!(
+        quota::cleanup(&db.pool, Duration::from_secs(3600))
+            .await
+            .unwrap(),
+        quota::CleanupReport::default()
+    );
+    let usage = quota.usage(&mut conn, user, Utc::now()).await.unwrap();
+    assert_eq!(
+        (usage.events[0].used, usage.events[0].reserved),
+        (7 + 7 + 1 + 1, 0)
+    );
+    assert_totals_exact(&db.pool).await;
+}
+
 #[tokio::test]
 async fn cancelling_a_waiting_job_through_the_queue_releases_its_reservation() {
     let db = TestDb::new().await;
