@@ -62,17 +62,28 @@ macro_rules! full_users_ctes {
     };
 }
 
+/// How many fairness locks there are per service: a user's lock is one of these stripes (by a
+/// hash of the user's id), so a fetch that admits thousands of users holds at most this many
+/// locks. PostgreSQL's lock table is shared by all sessions and holds about
+/// `max_locks_per_transaction × max_connections` locks (6,400 by default); a lock per user let a
+/// few large fetches fill it, and then every transaction needing a lock, anywhere in the
+/// database, failed with "out of shared memory". Two users of one stripe cannot be admitted by
+/// two fetches at the same moment (one of them waits for the next fetch), which a fetch of `n`
+/// users makes the fate of about `n / USER_LOCK_STRIPES` of another concurrent fetch's users.
+pub const USER_LOCK_STRIPES: u32 = 2048;
+
 /// The key of a user's fairness lock (an advisory lock, transaction-scoped): `$service` and
 /// `$user` are the SQL of the service's name and the user's id. One expression for the gate's
-/// try-lock and the middleware's lock, which must take the same lock.
+/// try-lock and the middleware's lock, which must take the same lock. The mask is
+/// [`USER_LOCK_STRIPES`] − 1 (a test holds them equal).
 macro_rules! user_lock_key {
     ($service:literal, $user:literal) => {
         concat!(
             "hashtextextended('fairlane-fairness:' || ",
             $service,
-            " || ':' || ",
+            " || ':' || (hashtextextended(",
             $user,
-            "::text, 0)"
+            "::text, 0) & 2047)::text, 0)"
         )
     };
 }
@@ -328,6 +339,16 @@ mod tests {
     use serde_json::Value;
     use testkit::TestDb;
     use testkit::plan::plan_nodes;
+
+    #[test]
+    fn the_lock_key_masks_to_the_stripe_count() {
+        assert!(USER_LOCK_STRIPES.is_power_of_two());
+        let key = user_lock_key!("$1", "$2");
+        assert!(
+            key.contains(&format!("& {})", USER_LOCK_STRIPES - 1)),
+            "{key}"
+        );
+    }
 
     /// With many more free users than paid ones, the gate's statements and the waiting count
     /// read tiers through `users_paid` only (ADR 0015): a look-up by primary key or a scan of

@@ -633,6 +633,61 @@ async fn system_jobs_are_never_limited() {
 /// tier's limit is skipped and one below it is a candidate, for every tier; a user who is not in
 /// `users`, or was downgraded to free, counts as free; and the count under the locks reports the
 /// same tiers. The limits differ per tier here, so a mixed-up tier shows.
+/// PostgreSQL's lock table is shared by every session and holds about
+/// `max_locks_per_transaction × max_connections` locks (6,400 by default); when it is full,
+/// every transaction that needs one more lock fails with "out of shared memory". A fetch that
+/// admits thousands of users must not take a lock per user: the user locks are striped, so a
+/// fetch holds at most [`fairness::store::USER_LOCK_STRIPES`] of them however many it admits.
+#[tokio::test]
+async fn a_fetch_admitting_thousands_of_users_holds_a_bounded_number_of_locks() {
+    let h = Harness::new().await;
+    let users: Vec<Uuid> = sqlx::query_scalar(
+        "INSERT INTO users (name, tier) SELECT 'u' || g, 'pro' FROM generate_series(1, 3000) g \
+         RETURNING id",
+    )
+    .fetch_all(&h.db.pool)
+    .await
+    .unwrap();
+    let jobs: Vec<NewJob> = users
+        .iter()
+        .map(|&user| {
+            NewJob::new(
+                Harness::queue(Lane::Priority),
+                &Probe {
+                    user_id: Some(user),
+                    ms: 1,
+                },
+            )
+            .unwrap()
+        })
+        .collect();
+    h.client.insert_many(jobs).await.unwrap();
+    let gate = FairnessGate::new(
+        Service::Analysis.as_str(),
+        &Service::Analysis.queues(),
+        fast_fairness(),
+    );
+
+    let mut tx = queue::begin_fetch(&h.db.pool).await.unwrap();
+    let admitted = queue::FetchGate::select(&gate, &mut tx, &Harness::queue(Lane::Priority), 2900)
+        .await
+        .unwrap();
+    let locks: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+
+    assert_eq!(admitted.len(), 2900, "every user has a free slot");
+    let stripes = i64::from(fairness::store::USER_LOCK_STRIPES);
+    assert!(
+        locks <= stripes,
+        "a fetch admitting 2,900 users held {locks} advisory locks (at most {stripes})"
+    );
+}
+
 #[tokio::test]
 async fn the_gate_reads_every_tier_from_the_paid_users_and_counts_the_rest_as_free() {
     let h = Harness::new().await;
