@@ -143,46 +143,49 @@ pub(crate) async fn run_heartbeats(
     queues: Vec<String>,
     shutdown: CancellationToken,
 ) {
-    let connection = tokio::sync::Mutex::new(HeartbeatConnection::new(
-        options,
-        heartbeat_deadline(&rt.config),
-    ));
-    every_interval(&rt, &shutdown, || async {
-        let result = connection.lock().await.beat(&rt.worker_id, &queues).await;
+    let mut connection = HeartbeatConnection::new(options, heartbeat_deadline(&rt.config));
+    let mut ticks = Ticks::new(&rt, &shutdown);
+    while ticks.next().await {
+        let result = connection.beat(&rt.worker_id, &queues).await;
         rt.db_health.record(result.is_ok());
         if let Err(e) = result {
             tracing::warn!(error = %e, "heartbeat failed");
         }
-    })
-    .await;
-    connection.into_inner().close().await;
+    }
+    connection.close().await;
 }
 
 /// Repairs this worker's runs every `heartbeat_interval` until `shutdown`.
 pub(crate) async fn run_repairs(rt: Arc<Runtime>, shutdown: CancellationToken) {
-    every_interval(&rt, &shutdown, || async {
+    let mut ticks = Ticks::new(&rt, &shutdown);
+    while ticks.next().await {
         if let Err(e) = repair(&rt).await {
             tracing::warn!(error = %e, "repairing this worker's runs failed");
         }
-    })
-    .await;
+    }
 }
 
-/// Runs `step` every `heartbeat_interval` (a late step delays the next) until `shutdown`; a step
-/// under way is finished first.
-async fn every_interval<F, Fut>(rt: &Runtime, shutdown: &CancellationToken, mut step: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = ()>,
-{
-    let mut ticker = tokio::time::interval(rt.config.heartbeat_interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
+/// The instants a heartbeat or repair step is due: every `heartbeat_interval` (a late step
+/// delays the next) until `shutdown`. The caller runs each step between calls to
+/// [`Ticks::next`], so a step under way is finished before shutdown ends the loop.
+struct Ticks<'a> {
+    ticker: tokio::time::Interval,
+    shutdown: &'a CancellationToken,
+}
+
+impl<'a> Ticks<'a> {
+    fn new(rt: &Runtime, shutdown: &'a CancellationToken) -> Self {
+        let mut ticker = tokio::time::interval(rt.config.heartbeat_interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Ticks { ticker, shutdown }
+    }
+
+    /// Waits for the next step: `true` when it is due, `false` once shutdown was asked for.
+    async fn next(&mut self) -> bool {
         tokio::select! {
-            () = shutdown.cancelled() => return,
-            _ = ticker.tick() => {}
+            () = self.shutdown.cancelled() => false,
+            _ = self.ticker.tick() => true,
         }
-        step().await;
     }
 }
 
