@@ -77,7 +77,7 @@ impl FairnessMiddleware {
         // milliseconds, but a replica frozen mid-fetch holds it until its session ends, and this
         // check holds a connection and a worker slot while it waits. Past the bound the check
         // fails, and the job snoozes briefly like after any failed check.
-        let mut tx = self.pool.begin_with(CHECK_BEGIN_SQL).await?;
+        let mut tx = queue::begin::begin_with(&self.pool, CHECK_BEGIN_SQL).await?;
         let tier = self
             .tiers
             .tiers(&mut tx, [user])

@@ -76,7 +76,7 @@ impl Client {
     /// transaction (PostgreSQL serializes notifying commits); [`QueueTx::commit`] wakes the
     /// producers after committing instead.
     pub async fn begin(&self) -> Result<QueueTx<'static>, QueueError> {
-        Ok(self.queue_tx(self.pool.begin().await?))
+        Ok(self.queue_tx(crate::begin::begin(&self.pool).await?))
     }
 
     /// [`Client::begin`] on a connection the caller holds (one it keeps between transactions,
@@ -88,7 +88,8 @@ impl Client {
     ///
     /// If `first` fails, the error is returned and `conn` is left inside an aborted transaction
     /// that sqlx does not track (no rollback is queued): the caller must close the connection
-    /// rather than reuse it.
+    /// rather than reuse it. The same holds if the returned future is dropped before it
+    /// completes (see [`crate::begin`]): a caller that may give up must close `conn` then.
     pub async fn begin_on_with<'c>(
         &self,
         conn: &'c mut PgConnection,
@@ -161,7 +162,7 @@ impl Client {
     /// Inserts `jobs` all or none: in one transaction, since unique keys can take a batch more
     /// than one statement (a duplicate whose holder finished meanwhile is inserted again).
     pub async fn insert_many(&self, jobs: Vec<NewJob>) -> Result<Vec<Inserted>, QueueError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = crate::begin::begin(&self.pool).await?;
         let inserted = insert::insert_many_with(&mut tx, jobs, Notify::AfterCommit).await?;
         tx.commit().await?;
         self.wake_for(&inserted);
@@ -178,7 +179,7 @@ impl Client {
 
     /// Bulk-loads jobs with COPY in one transaction.
     pub async fn insert_bulk(&self, jobs: &[NewJob]) -> Result<u64, QueueError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = crate::begin::begin(&self.pool).await?;
         let (n, queues) = insert::insert_bulk_with(&mut tx, jobs, Notify::AfterCommit).await?;
         tx.commit().await?;
         self.waker.wake(queues.iter().map(String::as_str));
@@ -196,7 +197,7 @@ impl Client {
 
     /// Cancels a job; `None` if it does not exist.
     pub async fn cancel(&self, id: JobId) -> Result<Option<CancelResult>, QueueError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = crate::begin::begin(&self.pool).await?;
         let result = self.cancel_tx(&mut tx, id).await?;
         tx.commit().await?;
         if let Some(CancelResult::Cancelled(job)) = &result {

@@ -294,7 +294,7 @@ impl Persister {
     }
 
     async fn persist(&self, batch: &[Completion]) -> Result<HashSet<JobId>, QueueError> {
-        let mut tx = self.pool.begin_with(COMPLETION_BEGIN_SQL).await?;
+        let mut tx = crate::begin::begin_with(&self.pool, COMPLETION_BEGIN_SQL).await?;
         let transitions = persist_batch(&mut tx, batch, &self.retry).await?;
         run_hooks(&self.hooks, &mut tx, &transitions).await?;
         tx.commit().await?;

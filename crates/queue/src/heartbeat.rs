@@ -348,7 +348,7 @@ async fn hand_back_orphans_among(
     rt: &Runtime,
     only: Option<&[JobId]>,
 ) -> Result<Vec<Transition>, QueueError> {
-    let mut tx = rt.pool.begin().await?;
+    let mut tx = crate::begin::begin(&rt.pool).await?;
     // Read after the connection is in hand: waiting for one can take seconds under load, and a
     // job fetched and started during that wait must count as received.
     let known = rt.inflight.ids();
@@ -375,7 +375,7 @@ async fn hand_back_orphans_among(
 async fn hand_back_unsaved(rt: &Runtime) -> Result<(), QueueError> {
     for (id, started) in rt.inflight.unsaved() {
         let attempt = async {
-            let mut tx = rt.pool.begin().await?;
+            let mut tx = crate::begin::begin(&rt.pool).await?;
             let moved: Vec<Transition> = sqlx::query_as(HAND_BACK_UNSAVED_SQL)
                 .bind(&*rt.worker_id)
                 .bind(id)

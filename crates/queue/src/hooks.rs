@@ -84,7 +84,7 @@ const ORDERED_SCAN_BEGIN_SQL: &str = concat!("BEGIN; ", ordered_scan_settings!()
 /// ([`FETCH_BEGIN_SQL`]) sent with the `BEGIN`. The engine opens every fetch this way; a
 /// [`FetchGate`] runs inside it.
 pub async fn begin_fetch(pool: &PgPool) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
-    pool.begin_with(FETCH_BEGIN_SQL).await
+    crate::begin::begin_with(pool, FETCH_BEGIN_SQL).await
 }
 
 /// Opens a transaction on a connection of `pool` with bitmap scans and sorts off
@@ -92,7 +92,7 @@ pub async fn begin_fetch(pool: &PgPool) -> Result<Transaction<'static, Postgres>
 pub(crate) async fn begin_ordered_scan(
     pool: &PgPool,
 ) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
-    pool.begin_with(ORDERED_SCAN_BEGIN_SQL).await
+    crate::begin::begin_with(pool, ORDERED_SCAN_BEGIN_SQL).await
 }
 
 /// Chooses the jobs a fetch may start.

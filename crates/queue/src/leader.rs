@@ -204,7 +204,7 @@ impl LeaderElector {
     }
 
     async fn resign(&self) -> Result<(), sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = crate::begin::begin(&self.pool).await?;
         sqlx::query("DELETE FROM fairlane_leader WHERE name = $1 AND leader_id = $2")
             .bind(&self.name)
             .bind(&self.candidate_id)

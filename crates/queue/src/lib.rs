@@ -27,6 +27,7 @@ macro_rules! new_job_state_sql {
 }
 
 pub mod backoff;
+pub mod begin;
 pub mod client;
 mod completer;
 pub mod compose;

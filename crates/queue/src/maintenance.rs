@@ -412,7 +412,7 @@ async fn rescue_among(
     stale_after_ms: f64,
     only: Option<&[JobId]>,
 ) -> Result<(Vec<Transition>, u64), QueueError> {
-    let mut tx = pool.begin().await?;
+    let mut tx = crate::begin::begin(pool).await?;
     let rescued: Vec<Transition> = sqlx::query_as(RESCUE_SQL)
         .bind(stale_after_ms)
         .bind(only)

@@ -562,7 +562,7 @@ const ORPHANED: &str = "(r.job_id IS NULL AND r.created_at < now() - make_interv
 /// reservation linked to a live job after the statement's snapshot was judged by the job row
 /// the snapshot had (none), and deleted as "missing": the job then completed unbilled.
 pub async fn cleanup(pool: &PgPool, ttl: Duration) -> Result<CleanupReport, QuotaError> {
-    let mut tx = pool.begin().await?;
+    let mut tx = queue::begin::begin(pool).await?;
     let candidates: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT r.id FROM quota_reservations r LEFT JOIN fairlane_job j ON j.id = r.job_id \
          WHERE {ORPHANED} FOR UPDATE OF r SKIP LOCKED"

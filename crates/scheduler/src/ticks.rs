@@ -97,7 +97,7 @@ impl TickStore {
 
     /// Begins a tick transaction (see the module docs for its session timeout).
     pub async fn begin(&self) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = queue::begin::begin(&self.pool).await?;
         sqlx::query("SELECT set_config('idle_in_transaction_session_timeout', $1, true)")
             .bind(common::config::postgres_millis(self.lease_ttl / 3))
             .execute(&mut *tx)

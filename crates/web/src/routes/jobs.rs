@@ -83,7 +83,7 @@ pub async fn cancel(
     watch: Option<Extension<TimeoutWatch>>,
 ) -> Result<Json<CancelResponse>, Problem> {
     let id = parse_id(&id)?;
-    let mut tx = state.pool.begin().await?;
+    let mut tx = queue::begin::begin(&state.pool).await?;
     let owned: Option<(i64,)> =
         sqlx::query_as("SELECT id FROM fairlane_job WHERE id = $1 AND user_id = $2")
             .bind(id)
