@@ -44,15 +44,30 @@ pub struct AnalysisAccepted {
 }
 
 fn refused(e: &UrlError) -> Problem {
-    match e {
-        UrlError::Resolution { .. }
-        | UrlError::UnknownHost { .. }
-        | UrlError::ResolutionTimedOut { .. }
-        | UrlError::NoAddresses { .. } => Problem::new(
+    let unreachable = |detail: String| {
+        Problem::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "repository_unreachable",
-            format!("repository: {e}"),
-        ),
+            detail,
+        )
+        .with("field", "repository")
+    };
+    match e {
+        // One answer for a name that does not exist, has no address, or has a private one:
+        // told apart, they would let anyone find which internal names the web host's resolver
+        // knows. The log keeps which it was.
+        UrlError::UnknownHost { host }
+        | UrlError::NoAddresses { host }
+        | UrlError::ResolvesToForbiddenAddress { host, .. } => {
+            tracing::info!(error = %e, "refused a repository host");
+            unreachable(format!(
+                "repository: host `{host}` has no public address (it does not exist, has no \
+                 address, or resolves to an address that is not public)"
+            ))
+        }
+        UrlError::Resolution { .. } | UrlError::ResolutionTimedOut { .. } => {
+            unreachable(format!("repository: {e}"))
+        }
         _ => Problem::validation(format!("repository: {e}")).with("field", "repository"),
     }
 }
@@ -251,5 +266,30 @@ mod tests {
             (problem.status(), problem.code()),
             (StatusCode::UNPROCESSABLE_ENTITY, "repository_unreachable")
         );
+    }
+
+    /// A name that resolves to a private address and a name that does not exist are answered
+    /// alike, so the API cannot be used to find which internal names exist (a cluster's
+    /// services, through the web host's resolver and its search domains).
+    #[test]
+    fn private_and_unknown_names_are_answered_alike() {
+        let host = || "repo.internal.example".to_owned();
+        let answers: Vec<serde_json::Value> = [
+            UrlError::UnknownHost { host: host() },
+            UrlError::NoAddresses { host: host() },
+            UrlError::ResolvesToForbiddenAddress {
+                host: host(),
+                address: std::net::IpAddr::from([10, 0, 0, 7]),
+                class: inventory::url_policy::AddressClass::Private,
+            },
+        ]
+        .iter()
+        .map(|e| refused(e).body())
+        .collect();
+        assert_eq!(answers[0], answers[1]);
+        assert_eq!(answers[0], answers[2]);
+        assert_eq!(answers[0]["code"], "repository_unreachable");
+        assert_eq!(answers[0]["status"], 422);
+        assert_eq!(answers[0]["field"], "repository");
     }
 }
