@@ -26,30 +26,38 @@ fn is_json(content_type: &str) -> bool {
 
 /// Decodes `bytes` as `T`, mapping errors to 400 (`invalid_json`: not JSON at all) or 422
 /// (`validation_failed`: JSON of the wrong shape).
+///
+/// Syntax first, shape second: a truncated document is "not JSON" even when its first value
+/// already has the wrong type. The shape is then decoded from the bytes straight into `T`, not
+/// through a `serde_json::Value`: a map would let a key given twice through (the last one won)
+/// and refuse numbers no `f64` holds as "not JSON".
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
-    // Syntax first, shape second: a truncated document is "not JSON" even when its first
-    // value already has the wrong type.
-    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
+    serde_json::from_slice::<serde::de::IgnoredAny>(bytes).map_err(|e| {
         Problem::new(
             StatusCode::BAD_REQUEST,
             "invalid_json",
             format!("the request body is not valid JSON: {e}"),
         )
     })?;
-    if !value.is_object() {
-        let kind = match value {
-            serde_json::Value::Null => "null",
-            serde_json::Value::Bool(_) => "a boolean",
-            serde_json::Value::Number(_) => "a number",
-            serde_json::Value::String(_) => "a string",
-            serde_json::Value::Array(_) => "an array",
-            serde_json::Value::Object(_) => "an object",
-        };
+    // Well-formed, so its first byte past white space says what the document is.
+    let first = bytes
+        .iter()
+        .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+        .copied();
+    let kind = match first {
+        Some(b'{') => None,
+        Some(b'n') => Some("null"),
+        Some(b't' | b'f') => Some("a boolean"),
+        Some(b'"') => Some("a string"),
+        Some(b'[') => Some("an array"),
+        _ => Some("a number"),
+    };
+    if let Some(kind) = kind {
         return Err(Problem::validation(format!(
             "the request body must be a JSON object, got {kind}"
         )));
     }
-    serde_json::from_value(value)
+    serde_json::from_slice(bytes)
         .map_err(|e| Problem::validation(format!("the request body is not acceptable: {e}")))
 }
 
@@ -158,5 +166,39 @@ mod tests {
                 .unwrap()
                 .contains("missing field `repository`")
         );
+        for (body, kind) in [
+            (&b" null"[..], "null"),
+            (b"true", "a boolean"),
+            (b"-1.5", "a number"),
+            (b"\"x\"", "a string"),
+            (b"[1]", "an array"),
+        ] {
+            let p = decode::<Body>(body).unwrap_err();
+            assert_eq!(p.status(), StatusCode::UNPROCESSABLE_ENTITY);
+            assert!(
+                p.body()["detail"].as_str().unwrap().ends_with(kind),
+                "{kind}"
+            );
+        }
+    }
+
+    /// A key given twice is refused, not settled by the last one (a proxy or log that reads the
+    /// first would see another request than the one served); a number too large for any type is
+    /// valid JSON, so a field given one is a 422 for that field, not "not JSON".
+    #[test]
+    fn duplicate_keys_and_huge_numbers_are_shape_errors() {
+        let twice = decode::<Body>(br#"{"repository": "a", "repository": "b"}"#).unwrap_err();
+        assert_eq!(twice.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(
+            twice.body()["detail"]
+                .as_str()
+                .unwrap()
+                .contains("duplicate field `repository`"),
+            "{:?}",
+            twice.body()
+        );
+        let huge = decode::<Body>(br#"{"repository": 1e400}"#).unwrap_err();
+        assert_eq!(huge.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(huge.code(), "validation_failed");
     }
 }
