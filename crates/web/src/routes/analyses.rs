@@ -3,9 +3,8 @@
 //! `GET /v1/analyses/{id}`.
 
 use axum::Extension;
-use axum::Json;
 use axum::extract::State;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use http::StatusCode;
 use inventory::{FetchError, RepoUrl, UrlError};
 use serde::{Deserialize, Serialize};
@@ -191,7 +190,7 @@ pub async fn create(
                 .await
                 .map_err(|e| committed(&e))?
                 .ok_or_else(|| committed(&"a cached analysis vanished after its commit"))?;
-            Ok((StatusCode::OK, Json(full)).into_response())
+            Ok(super::json_off_runtime(StatusCode::OK, full).await)
         }
         Enqueued::Accepted(job) => {
             let job_id = job.id;
@@ -220,15 +219,15 @@ pub async fn get(
     State(state): State<AppState>,
     user: AuthUser,
     IdPath(id): IdPath,
-) -> Result<Json<AnalysisView>, Problem> {
+) -> Result<Response, Problem> {
     let not_found = || Problem::not_found(format!("no analysis `{id}`"));
     let Ok(analysis_id) = id.parse::<Uuid>() else {
         return Err(not_found());
     };
-    read_analysis(&state, analysis_id, user.user_id)
+    let view = read_analysis(&state, analysis_id, user.user_id)
         .await?
-        .map(Json)
-        .ok_or_else(not_found)
+        .ok_or_else(not_found)?;
+    Ok(super::json_off_runtime(StatusCode::OK, view).await)
 }
 
 /// The analysis `id` of `user`, if there is one.

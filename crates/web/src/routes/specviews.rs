@@ -2,7 +2,6 @@
 //! `GET /v1/specviews/{id}` (JSON, or Markdown with `Accept: text/markdown`).
 
 use axum::Extension;
-use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderMap, HeaderValue};
@@ -223,7 +222,7 @@ async fn representation(
         );
         return Ok(response);
     }
-    Ok(Json(view).into_response())
+    Ok(super::json_off_runtime(http::StatusCode::OK, view).await)
 }
 
 #[cfg(test)]
