@@ -10,7 +10,7 @@
 //! next poll.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use sqlx::PgPool;
@@ -19,10 +19,16 @@ use tokio::sync::{Notify, mpsc};
 use crate::insert::INSERT_CHANNEL;
 
 /// Sends "jobs runnable in queue X" notifications after commit, coalesced.
+///
+/// Queues waiting to be announced are a set, not a channel of names: while the database cannot
+/// be reached (each attempt waits out the pool's acquire timeout), committed batches elsewhere
+/// keep calling [`Waker::wake`], and a channel grew by their names for as long as it lasted. The
+/// set holds each queue once; a doorbell of capacity one tells the sending task there is work.
 #[derive(Debug)]
 pub struct Waker {
     pool: PgPool,
-    sender: OnceLock<mpsc::UnboundedSender<String>>,
+    pending: Arc<Mutex<BTreeSet<String>>>,
+    doorbell: OnceLock<mpsc::Sender<()>>,
     local: Mutex<HashMap<String, Vec<Arc<Notify>>>>,
 }
 
@@ -30,7 +36,8 @@ impl Waker {
     pub fn new(pool: PgPool) -> Arc<Self> {
         Arc::new(Waker {
             pool,
-            sender: OnceLock::new(),
+            pending: Arc::new(Mutex::new(BTreeSet::new())),
+            doorbell: OnceLock::new(),
             local: Mutex::new(HashMap::new()),
         })
     }
@@ -44,61 +51,74 @@ impl Waker {
             return;
         }
         {
-            let local = self
-                .local
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let local = self.local.lock().unwrap_or_else(PoisonError::into_inner);
             for queue in &unique {
                 for notify in local.get(*queue).into_iter().flatten() {
                     notify.notify_one();
                 }
             }
         }
-        let Some(sender) = self.sender() else {
+        let Some(doorbell) = self.doorbell() else {
             tracing::warn!("no async runtime to send wake-ups from; other processes will poll");
             return;
         };
-        for queue in unique {
-            // The task only stops with the runtime; a send error then changes nothing.
-            let _ = sender.send(queue.to_owned());
+        {
+            let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+            for queue in unique {
+                if !pending.contains(queue) {
+                    pending.insert(queue.to_owned());
+                }
+            }
         }
+        // Full: the task has been told already and will take these names with the rest. Closed:
+        // the task stopped with its runtime, and nothing can be sent any more.
+        let _ = doorbell.try_send(());
     }
 
     /// Starts the sending task on the current runtime, if there is one and it has not started.
     pub fn start(self: &Arc<Self>) {
-        let _ = self.sender();
+        let _ = self.doorbell();
     }
 
     /// Registers a producer of `queue` in this process to be woken directly.
     pub(crate) fn subscribe_local(&self, queue: &str, notify: Arc<Notify>) {
         self.local
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner)
             .entry(queue.to_owned())
             .or_default()
             .push(notify);
     }
 
-    fn sender(self: &Arc<Self>) -> Option<&mpsc::UnboundedSender<String>> {
-        if let Some(s) = self.sender.get() {
+    fn doorbell(self: &Arc<Self>) -> Option<&mpsc::Sender<()>> {
+        if let Some(s) = self.doorbell.get() {
             return Some(s);
         }
         let handle = tokio::runtime::Handle::try_current().ok()?;
-        let (tx, rx) = mpsc::unbounded_channel();
-        if self.sender.set(tx).is_ok() {
-            handle.spawn(send_loop(self.pool.clone(), rx));
+        let (tx, rx) = mpsc::channel(1);
+        if self.doorbell.set(tx).is_ok() {
+            handle.spawn(send_loop(self.pool.clone(), Arc::clone(&self.pending), rx));
         }
-        self.sender.get()
+        self.doorbell.get()
     }
 }
 
-/// Sends whatever accumulated while the previous batch was in flight, as one statement.
-async fn send_loop(pool: PgPool, mut rx: mpsc::UnboundedReceiver<String>) {
-    let mut batch = Vec::new();
+/// Sends whatever accumulated while the previous batch was in flight, as one statement, until
+/// the [`Waker`] (and with it the doorbell's sender) is gone.
+async fn send_loop(
+    pool: PgPool,
+    pending: Arc<Mutex<BTreeSet<String>>>,
+    mut doorbell: mpsc::Receiver<()>,
+) {
     let mut backoff = Duration::from_millis(50);
-    while rx.recv_many(&mut batch, 1024).await > 0 {
-        let queues: BTreeSet<String> = batch.drain(..).collect();
-        let queues: Vec<String> = queues.into_iter().collect();
+    while doorbell.recv().await.is_some() {
+        let queues: Vec<String> =
+            std::mem::take(&mut *pending.lock().unwrap_or_else(PoisonError::into_inner))
+                .into_iter()
+                .collect();
+        if queues.is_empty() {
+            continue;
+        }
         match sqlx::query("SELECT pg_notify($1, q) FROM unnest($2::text[]) AS q")
             .bind(INSERT_CHANNEL)
             .bind(&queues)
@@ -113,5 +133,36 @@ async fn send_loop(pool: PgPool, mut rx: mpsc::UnboundedReceiver<String>) {
                 backoff = (backoff * 2).min(Duration::from_secs(5));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+    use super::*;
+
+    /// With the database out of reach, a hundred thousand wake-ups of three queues hold three
+    /// names, not a hundred thousand.
+    #[tokio::test]
+    async fn wakes_while_the_database_is_unreachable_hold_each_queue_once() {
+        let unreachable = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = unreachable.local_addr().unwrap().port();
+        drop(unreachable);
+        let pool = PgPoolOptions::new()
+            .acquire_timeout(Duration::from_millis(200))
+            .connect_lazy_with(PgConnectOptions::new().host("127.0.0.1").port(port));
+        let waker = Waker::new(pool);
+        for i in 0..100_000 {
+            let queue = ["a", "b", "c"][i % 3];
+            waker.wake([queue]);
+            if i % 10_000 == 0 {
+                tokio::task::yield_now().await;
+            }
+        }
+        let held = waker.pending.lock().unwrap().len();
+        assert!(held <= 3, "{held} names held");
     }
 }
