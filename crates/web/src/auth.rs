@@ -41,9 +41,14 @@ pub enum Identity {
 }
 
 /// The bearer token of `headers`: `None` without an `Authorization` header, `Err` when it is
-/// not `Bearer <token>`.
+/// not `Bearer <token>` or is given more than once (one proxy or log reading the first and this
+/// server another would disagree on who sent the request).
 pub fn bearer(headers: &HeaderMap) -> Option<Result<&str, &'static str>> {
-    let value = headers.get(http::header::AUTHORIZATION)?;
+    let mut values = headers.get_all(http::header::AUTHORIZATION).iter();
+    let value = values.next()?;
+    if values.next().is_some() {
+        return Some(Err("the request has more than one Authorization header"));
+    }
     let Ok(text) = value.to_str() else {
         return Some(Err("the Authorization header is not valid ASCII"));
     };
@@ -242,5 +247,14 @@ mod tests {
         assert!(matches!(bearer(&headers("Basic abc")), Some(Err(_))));
         assert!(matches!(bearer(&headers("Bearer")), Some(Err(_))));
         assert!(matches!(bearer(&headers("Bearer ")), Some(Err(_))));
+        let mut twice = headers("Bearer abc");
+        twice.append(
+            http::header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer def"),
+        );
+        assert_eq!(
+            bearer(&twice),
+            Some(Err("the request has more than one Authorization header"))
+        );
     }
 }

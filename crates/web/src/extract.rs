@@ -13,15 +13,22 @@ use crate::problem::Problem;
 #[derive(Debug, Clone)]
 pub struct ApiJson<T>(pub T);
 
+/// Whether `content_type` is JSON this server reads: `application/json` or `application/*+json`,
+/// in UTF-8 (a `charset` parameter, if any, must say so; JSON has no other encoding on the wire).
 fn is_json(content_type: &str) -> bool {
-    let essence = content_type
-        .split(';')
-        .next()
-        .unwrap_or_default()
-        .trim()
-        .to_ascii_lowercase();
-    essence == "application/json"
-        || (essence.starts_with("application/") && essence.ends_with("+json"))
+    let mut parts = content_type.split(';');
+    let essence = parts.next().unwrap_or_default().trim().to_ascii_lowercase();
+    let utf8 = parts.all(|parameter| {
+        let Some((name, value)) = parameter.split_once('=') else {
+            return true;
+        };
+        !name.trim().eq_ignore_ascii_case("charset") || {
+            let value = value.trim().trim_matches('"');
+            value.eq_ignore_ascii_case("utf-8") || value.eq_ignore_ascii_case("utf8")
+        }
+    });
+    utf8 && (essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json")))
 }
 
 /// Decodes `bytes` as `T`, mapping errors to 400 (`invalid_json`: not JSON at all) or 422
@@ -87,6 +94,18 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
                 ));
             }
         }
+        if let Some(encoding) = req
+            .headers()
+            .get(http::header::CONTENT_ENCODING)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            .filter(|v| !v.trim().eq_ignore_ascii_case("identity"))
+        {
+            return Err(Problem::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                format!("the request body must not be encoded (`Content-Encoding: {encoding}`)"),
+            ));
+        }
         let bytes = Bytes::from_request(req, state).await.map_err(|e| {
             if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 Problem::new(
@@ -139,6 +158,10 @@ mod tests {
         assert!(is_json("application/json"));
         assert!(is_json("Application/JSON; charset=utf-8"));
         assert!(is_json("application/merge-patch+json"));
+        assert!(is_json("application/json;charset=\"UTF-8\""));
+        assert!(is_json("application/json; profile=x"));
+        assert!(!is_json("application/json; charset=utf-16"));
+        assert!(!is_json("application/json; charset=iso-8859-1"));
         assert!(!is_json("text/plain"));
         assert!(!is_json("application/x-www-form-urlencoded"));
     }

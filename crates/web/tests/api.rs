@@ -224,6 +224,20 @@ async fn bad_input_is_a_helpful_4xx_and_writes_nothing() {
         ("authorization", auth.as_str()),
         ("content-type", "text/plain"),
     ];
+    let utf16 = [
+        ("authorization", auth.as_str()),
+        ("content-type", "application/json; charset=utf-16"),
+    ];
+    let gzip = [
+        ("authorization", auth.as_str()),
+        ("content-type", "application/json"),
+        ("content-encoding", "gzip"),
+    ];
+    let two_keys = [
+        ("authorization", auth.as_str()),
+        ("authorization", "Bearer fl_0000000000000000_x"),
+        ("content-type", "application/json"),
+    ];
 
     type Case<'a> = (
         &'a [(&'a str, &'a str)],
@@ -302,6 +316,35 @@ async fn bad_input_is_a_helpful_4xx_and_writes_nothing() {
             415,
             "unsupported_media_type",
             "text/plain",
+        ),
+        (
+            &utf16,
+            raw("{}"),
+            415,
+            "unsupported_media_type",
+            "charset=utf-16",
+        ),
+        (
+            &gzip,
+            raw("{}"),
+            415,
+            "unsupported_media_type",
+            "Content-Encoding: gzip",
+        ),
+        (
+            &json_headers,
+            raw("{\"repository\": \"https://10.0.0.1/a/b\", \
+                 \"repository\": \"https://github.com/a/b\"}"),
+            422,
+            "validation_failed",
+            "duplicate field `repository`",
+        ),
+        (
+            &two_keys,
+            raw("{}"),
+            401,
+            "unauthorized",
+            "more than one Authorization header",
         ),
     ];
     for (headers, body, status, code, detail) in cases {
