@@ -125,7 +125,7 @@ fn add_errors(path: &str, method: &str, op: &mut Operation) {
              (`database_unavailable`, nothing changed), its commit failed or the connection was \
              lost during an admin write (`commit_outcome_unknown`), or, for an analysis served \
              from the cache, the copy was saved and reading it back failed (`committed_unread`)",
-            false,
+            true,
         );
     }
     if user {
@@ -206,6 +206,56 @@ fn add_errors(path: &str, method: &str, op: &mut Operation) {
     }
 }
 
+/// The headers a rate-limited route sends on every response, success or error, when a rule
+/// applies to the request (`web::rate::limit_headers`, SPEC §7).
+const RATE_LIMIT_HEADERS: [(&str, Type, &str); 5] = [
+    (
+        "X-RateLimit-Limit",
+        Type::Integer,
+        "Requests allowed per window by the rule that decided this request",
+    ),
+    (
+        "X-RateLimit-Remaining",
+        Type::Integer,
+        "Requests left in the current window",
+    ),
+    (
+        "X-RateLimit-Reset",
+        Type::Integer,
+        "Seconds until the window resets",
+    ),
+    (
+        "RateLimit-Policy",
+        Type::String,
+        "The rule as a structured field: `\"<rule>\";q=<limit>;w=<window seconds>`",
+    ),
+    (
+        "RateLimit",
+        Type::String,
+        "The rule's state as a structured field: `\"<rule>\";r=<remaining>;t=<seconds to reset>`",
+    ),
+];
+
+/// Adds [`RATE_LIMIT_HEADERS`] to every response of `op`.
+fn add_rate_limit_headers(op: &mut Operation) {
+    for response in op.responses.responses.values_mut() {
+        if let utoipa::openapi::RefOr::T(response) = response {
+            for (name, schema_type, description) in RATE_LIMIT_HEADERS {
+                response.headers.entry(name.to_owned()).or_insert_with(|| {
+                    utoipa::openapi::RefOr::T(
+                        HeaderBuilder::new()
+                            .schema(Some(ObjectBuilder::new().schema_type(schema_type)))
+                            .description(Some(format!(
+                                "{description} (sent when a rate-limit rule applies)"
+                            )))
+                            .build(),
+                    )
+                });
+            }
+        }
+    }
+}
+
 impl Modify for ProblemResponses {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         for (path, item) in &mut openapi.paths.paths {
@@ -218,6 +268,9 @@ impl Modify for ProblemResponses {
             ] {
                 if let Some(op) = op {
                     add_errors(path, method, op);
+                    if path.starts_with("/v1/") {
+                        add_rate_limit_headers(op);
+                    }
                 }
             }
         }
@@ -262,5 +315,17 @@ mod tests {
         assert!(revoke["422"]["content"]["application/problem+json"].is_object());
         assert!(doc["components"]["schemas"]["Problem"].is_object());
         assert!(doc["components"]["securitySchemes"]["api_key"].is_object());
+        // The headers sent besides the bodies: Retry-After on 503s (`database_busy` and kin),
+        // the rate-limit headers on every response of a rate-limited route, none on admin ones.
+        assert!(post["503"]["headers"]["Retry-After"].is_object());
+        for status in ["202", "422", "429", "503"] {
+            for header in ["X-RateLimit-Remaining", "RateLimit", "RateLimit-Policy"] {
+                assert!(
+                    post[status]["headers"][header].is_object(),
+                    "POST /v1/analyses {status} lacks {header}"
+                );
+            }
+        }
+        assert!(revoke["422"]["headers"]["RateLimit"].is_null());
     }
 }
