@@ -765,12 +765,12 @@ fn deployments_have_probes_resources_budgets_graceful_shutdown_and_scaling() {
         );
         let web_bound = delay as f64
             + drain.as_secs_f64()
-            + web::BATCH_THREAD_STOP_BOUND.as_secs_f64()
+            + web::SHUTDOWN_OVERHEAD_BOUND.as_secs_f64()
             + flush(web_container);
         let grace = web["terminationGracePeriodSeconds"].as_u64().unwrap();
         assert!(
             grace as f64 > web_bound,
-            "{overlay} web: grace {grace} s ≤ preStop, drain, collectors and telemetry flush {web_bound} s"
+            "{overlay} web: grace {grace} s ≤ preStop, drain, collectors, pool, runtime and telemetry flush {web_bound} s"
         );
         assert_eq!(
             find("Service", "web")["spec"]["selector"],
@@ -918,6 +918,63 @@ fn keda_queries_run_against_the_real_schema() {
             }
         }
     });
+}
+
+/// Compose gives each service `stop_grace_period` between SIGTERM and SIGKILL, with no
+/// `preStop` wait before it: each must exceed the service's worst shutdown from the settings
+/// compose hands it (or the defaults), as the Kubernetes grace periods do.
+#[test]
+fn compose_grace_periods_cover_each_services_worst_shutdown() {
+    let compose = compose();
+    let services = &compose["services"];
+    let env = |service: &str, key: &str| -> Option<String> {
+        let value = &services[service]["environment"][key];
+        value
+            .as_str()
+            .map(str::to_owned)
+            .or_else(|| value.as_u64().map(|n| n.to_string()))
+    };
+    let grace = |service: &str| {
+        duration(
+            services[service]["stop_grace_period"]
+                .as_str()
+                .unwrap_or_else(|| panic!("docker-compose.yml {service}: no stop_grace_period")),
+        )
+    };
+    let flush = |service: &str| {
+        let mut telemetry = telemetry::TelemetryConfig::default();
+        if let Some(timeout) = env(service, "OTLP_EXPORT_TIMEOUT") {
+            telemetry.otlp_export_timeout = duration(&timeout);
+        }
+        telemetry.shutdown_bound()
+    };
+    let drain = env("web", "HTTP_REQUEST_TIMEOUT").map_or(
+        web::config::WebConfig::default().http_request_timeout,
+        |v| duration(&v),
+    );
+    let mut bounds = vec![("web", drain + web::SHUTDOWN_OVERHEAD_BOUND + flush("web"))];
+    for worker in ["analyzer-worker", "specgen-worker"] {
+        let defaults = queue::EngineConfig::default();
+        let setting =
+            |key: &str, default: Duration| env(worker, key).map_or(default, |v| duration(&v));
+        let engine = queue::EngineConfig {
+            shutdown_timeout: setting("QUEUE_SHUTDOWN_TIMEOUT", defaults.shutdown_timeout),
+            cancel_grace: setting("QUEUE_CANCEL_GRACE", defaults.cancel_grace),
+            ..defaults
+        };
+        bounds.push((
+            worker,
+            engine.shutdown_bound() + workerkit::SHUTDOWN_OVERHEAD_BOUND + flush(worker),
+        ));
+    }
+    bounds.push(("scheduler", scheduler::SHUTDOWN_BOUND + flush("scheduler")));
+    for (service, bound) in bounds {
+        assert!(
+            grace(service) > bound,
+            "docker-compose.yml {service}: stop_grace_period {:?} ≤ the worst shutdown {bound:?}",
+            grace(service)
+        );
+    }
 }
 
 fn compose() -> serde_yaml::Value {

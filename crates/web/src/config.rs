@@ -135,8 +135,11 @@ impl WebConfig {
         crate::serve::ConnectionLimits {
             header_read_timeout: self.http_header_read_timeout,
             max_connections: self.http_max_connections,
-            // A request in progress at shutdown ends within its own timeout.
-            drain_timeout: self.http_request_timeout,
+            // A request in progress at shutdown ends within its own timeout, and is answered
+            // within the margin.
+            drain_timeout: self
+                .http_request_timeout
+                .saturating_add(crate::DRAIN_ANSWER_MARGIN),
         }
     }
 

@@ -379,15 +379,36 @@ impl Server {
         if !self.batch_thread.stop(BATCH_THREAD_STOP_BOUND).await {
             tracing::warn!(bound = ?BATCH_THREAD_STOP_BOUND, "the batch collectors did not stop in time");
         }
-        self.pool.close().await;
+        // Closing waits for every connection still checked out: one held by a statement on a
+        // silent network (the wake-up sender's `pg_notify`, say) would hold the exit for ever.
+        if tokio::time::timeout(POOL_CLOSE_BOUND, self.pool.close())
+            .await
+            .is_err()
+        {
+            tracing::warn!(bound = ?POOL_CLOSE_BOUND, "the database pool did not close in time");
+        }
         Ok(())
     }
 }
 
-/// How long a shutdown waits for the batch collectors once the server has drained. A
-/// deployment's grace period must cover the drain (`HTTP_REQUEST_TIMEOUT`), this, and the
-/// telemetry flush ([`telemetry::TelemetryConfig::shutdown_bound`]).
+/// How long a shutdown waits for the batch collectors once the server has drained.
 pub const BATCH_THREAD_STOP_BOUND: Duration = Duration::from_secs(10);
+
+/// How long a shutdown waits for the pool's connections to close.
+pub const POOL_CLOSE_BOUND: Duration = Duration::from_secs(3);
+
+/// How long past its own timeout a request in progress at shutdown may take to be answered: a
+/// request that times out just as the drain ends still gets its 503 (`timeout` or
+/// `timeout_outcome_unknown`) written, instead of a reset that tells the client nothing.
+pub const DRAIN_ANSWER_MARGIN: Duration = Duration::from_secs(2);
+
+/// What a shutdown may take beyond the drain (`HTTP_REQUEST_TIMEOUT`) and the telemetry flush
+/// ([`telemetry::TelemetryConfig::shutdown_bound`]): a deployment's grace period (after its
+/// `preStop` wait) must cover all three.
+pub const SHUTDOWN_OVERHEAD_BOUND: Duration = DRAIN_ANSWER_MARGIN
+    .saturating_add(BATCH_THREAD_STOP_BOUND)
+    .saturating_add(POOL_CLOSE_BOUND)
+    .saturating_add(telemetry::runtime::LEFTOVER_BLOCKING_WAIT);
 
 /// Serves the API with `config` until `shutdown` fires.
 pub async fn run(config: WebConfig, shutdown: CancellationToken) -> anyhow::Result<()> {

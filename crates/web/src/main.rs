@@ -3,10 +3,16 @@
 
 use std::process::ExitCode;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     match common::report::parse_command_line::<web::cli::Cli>("web") {
-        Ok(cli) => common::report::exit_code("web", web::cli::main(cli).await),
+        // Ends its runtime within `telemetry::runtime::LEFTOVER_BLOCKING_WAIT` of its work: a DNS
+        // look-up a request gave up on runs on a blocking thread until the resolver answers.
+        Ok(cli) => common::report::exit_code(
+            "web",
+            telemetry::runtime::block_on(web::cli::main(cli))
+                .map_err(anyhow::Error::from)
+                .and_then(|done| done),
+        ),
         Err(exit) => exit,
     }
 }

@@ -109,8 +109,11 @@ async fn join_within<T>(mut task: tokio::task::JoinHandle<T>) {
 /// top of the engine's own bound ([`queue::EngineConfig::shutdown_bound`]).
 const STOP_BOUND: Duration = Duration::from_secs(3);
 
-/// What a worker service's shutdown may take beyond its engine's and its telemetry's bounds.
-pub const SHUTDOWN_OVERHEAD_BOUND: Duration = STOP_BOUND.saturating_mul(2);
+/// What a worker service's shutdown may take beyond its engine's and its telemetry's bounds:
+/// the health server, the gauge, and the end of the runtime.
+pub const SHUTDOWN_OVERHEAD_BOUND: Duration = STOP_BOUND
+    .saturating_mul(2)
+    .saturating_add(telemetry::runtime::LEFTOVER_BLOCKING_WAIT);
 
 async fn run_engine(
     config: &WorkerConfig,
