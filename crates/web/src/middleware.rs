@@ -2,14 +2,19 @@
 //! template, a request span continuing the caller's W3C trace, and the request timeout.
 
 use std::collections::BTreeMap;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use axum::body::Body;
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use http::StatusCode;
+use http_body::{Frame, SizeHint};
 use opentelemetry::KeyValue;
 use tracing::Instrument;
 
@@ -81,13 +86,33 @@ fn method_label(method: &http::Method) -> &'static str {
 /// dropped, which rolls back any open transaction. A handler whose writes were already being
 /// committed when it was dropped says so through the request's [`TimeoutWatch`], and the answer
 /// is then 503 `timeout_outcome_unknown`: "nothing was changed" is said only when it is true.
-pub async fn timeout(limit: Duration, mut req: Request, next: Next) -> Response {
+///
+/// A handler still waiting for the request's body when the time runs out was held up by the
+/// client, not by this server: that is a 408 `request_timeout`, which does not count against
+/// the server's error rate.
+pub async fn timeout(limit: Duration, req: Request, next: Next) -> Response {
     let watch = TimeoutWatch::default();
+    let body = BodyProgress::default();
+    let mut req = req.map(|inner| {
+        Body::new(WatchedBody {
+            inner,
+            progress: body.clone(),
+        })
+    });
     req.extensions_mut().insert(watch.clone());
     // The handler's future is dropped at the end of this statement, before the watch is read.
     let finished = tokio::time::timeout(limit, next.run(req)).await;
     match finished {
         Ok(response) => response,
+        Err(_) if body.is_partly_read() => Problem::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            format!(
+                "the request body did not arrive within {} s; nothing was changed",
+                limit.as_secs_f64()
+            ),
+        )
+        .into_response(),
         Err(_) if watch.is_outcome_unknown() => Problem::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "timeout_outcome_unknown",
@@ -108,6 +133,62 @@ pub async fn timeout(limit: Duration, mut req: Request, next: Next) -> Response 
             ),
         )
         .into_response(),
+    }
+}
+
+/// How far a request's body has been read: not at all, partly, or to its end.
+#[derive(Debug, Clone, Default)]
+struct BodyProgress(Arc<AtomicU8>);
+
+impl BodyProgress {
+    const READING: u8 = 1;
+    const READ: u8 = 2;
+
+    fn reading(&self) {
+        let _ = self
+            .0
+            .compare_exchange(0, Self::READING, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    fn read(&self) {
+        self.0.store(Self::READ, Ordering::Release);
+    }
+
+    /// The handler asked for the body and it has not all arrived.
+    fn is_partly_read(&self) -> bool {
+        self.0.load(Ordering::Acquire) == Self::READING
+    }
+}
+
+/// A request body that reports its [`BodyProgress`].
+struct WatchedBody {
+    inner: Body,
+    progress: BodyProgress,
+}
+
+impl http_body::Body for WatchedBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let this = self.get_mut();
+        this.progress.reading();
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None)) || this.inner.is_end_stream() {
+            this.progress.read();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 

@@ -153,6 +153,12 @@ fn add_errors(path: &str, method: &str, op: &mut Operation) {
         );
         add(
             op,
+            "408",
+            "The body did not arrive within the request timeout (`request_timeout`)",
+            false,
+        );
+        add(
+            op,
             "413",
             "The body is too large (`payload_too_large`)",
             false,

@@ -76,6 +76,11 @@ pub const CODES: &[(&str, u16, &str)] = &[
         "Too many requests; retry after the indicated time",
     ),
     (
+        "request_timeout",
+        408,
+        "The request body did not arrive within the server's limit; nothing was changed",
+    ),
+    (
         "timeout",
         503,
         "The request took longer than the server's limit and was rolled back",

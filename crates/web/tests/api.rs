@@ -1813,6 +1813,45 @@ async fn a_request_past_the_timeout_is_a_503_and_rolled_back() {
     s.stop().await;
 }
 
+/// A client that sends its body too slowly has its request answered 408 `request_timeout`, the
+/// client's doing, not a 503 that counts against the server's error rate (and pages someone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_does_not_arrive_in_time_is_a_408() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let db = TestDb::new().await;
+    let mut c = config(&db);
+    c.http_request_timeout = Duration::from_millis(500);
+    let s = TestServer::start(c).await;
+    let (_, key) = user_with_key(&db.pool, "pro").await;
+    let mut stream = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let head = format!(
+        "POST /v1/analyses HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+         Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"repo"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = stream.read(&mut buf).await.unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            answer.extend_from_slice(&buf[..n]);
+            if String::from_utf8_lossy(&answer).contains("}") {
+                break;
+            }
+        }
+    })
+    .await
+    .expect("no answer");
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("\"code\":\"request_timeout\""), "{text}");
+    assert_eq!(written_rows(&db.pool).await, [0, 0, 0, 0, 0]);
+    s.stop().await;
+}
+
 /// A request whose timeout comes while its batch is committing is not told "nothing was
 /// changed": its writes commit, and the answer says they may have taken effect. A deferred
 /// trigger holds this request's COMMIT on an advisory lock the test holds until the answer came.
