@@ -176,8 +176,12 @@ pub fn build_state(
     } else {
         None
     };
-    let queue =
-        queue::Client::new(pool.clone()).with_hooks(vec![Arc::new(quota::QuotaHook::new())]);
+    // A user's cancel of a waiting job releases its reservation and fails its record in the
+    // cancel's transaction, through the same hooks the workers' engines run.
+    let queue = queue::Client::new(pool.clone()).with_hooks(vec![
+        Arc::new(quota::QuotaHook::new()),
+        Arc::new(records::RecordHook::new()),
+    ]);
     // Wake-ups are sent from this runtime, not from the batch thread whose commits ask for them.
     queue.start_waker();
     // The collectors run on a thread of their own, with connections of their own (ADR 0012).

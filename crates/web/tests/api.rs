@@ -180,6 +180,13 @@ async fn deleting_a_waiting_job_releases_its_reservation() {
     let usage = s.http.get("/v1/usage", &key).await.json();
     assert_eq!(usage["usage"][0]["reserved"], 1);
     assert_eq!(usage["usage"][0]["limit"], 50);
+    // A result staged by an earlier attempt (the job waits for its retry): the cancel drops it,
+    // as every other end without success does.
+    sqlx::query("UPDATE analyses SET result = '{\"tests\": []}' WHERE job_id = $1")
+        .bind(job)
+        .execute(&db.pool)
+        .await
+        .unwrap();
 
     let cancel = s.http.delete(&format!("/v1/jobs/{job}"), &key).await;
     assert_eq!(cancel.status, 200, "{}", cancel.text());
@@ -191,15 +198,16 @@ async fn deleting_a_waiting_job_releases_its_reservation() {
     let usage = s.http.get("/v1/usage", &key).await.json();
     assert_eq!(usage["usage"][0]["reserved"], 0);
     assert_eq!(usage["usage"][0]["used"], 0);
-    let (state, error): (String, Option<String>) =
-        sqlx::query_as("SELECT state::text, error FROM analyses WHERE job_id = $1")
-            .bind(job)
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+    let (state, error, staged): (String, Option<String>, bool) = sqlx::query_as(
+        "SELECT state::text, error, result IS NOT NULL FROM analyses WHERE job_id = $1",
+    )
+    .bind(job)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
     assert_eq!(
-        (state.as_str(), error.as_deref()),
-        ("failed", Some("cancelled by the user"))
+        (state.as_str(), error.as_deref(), staged),
+        ("failed", Some("cancelled by the user"), false)
     );
     let again = s.http.delete(&format!("/v1/jobs/{job}"), &key).await.json();
     assert_eq!(again["cancellation"], "already_final");

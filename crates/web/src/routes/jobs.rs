@@ -99,19 +99,9 @@ pub async fn cancel(
         .await?
         .ok_or_else(|| Problem::not_found(format!("no job `{id}`")))?;
     let cancellation = match &result {
-        CancelResult::Cancelled(_) => {
-            // Nobody will run the job now: close the record it would have filled.
-            for table in ["analyses", "specviews"] {
-                sqlx::query(sqlx::AssertSqlSafe(format!(
-                    "UPDATE {table} SET state = 'failed', error = 'cancelled by the user', \
-                     updated_at = now() WHERE job_id = $1 AND state IN ('pending', 'running')"
-                )))
-                .bind(id)
-                .execute(&mut *tx)
-                .await?;
-            }
-            Cancellation::Cancelled
-        }
+        // Nobody will run the job now: the client's hooks released its reservation and failed
+        // the record it would have filled (dropping any staged result), in this transaction.
+        CancelResult::Cancelled(_) => Cancellation::Cancelled,
         CancelResult::Requested(_) => Cancellation::Requested,
         CancelResult::AlreadyFinal(_) => Cancellation::AlreadyFinal,
     };
