@@ -9,8 +9,8 @@ use sqlx::PgConnection;
 ///
 /// - `completed`: the reservation is deleted and, in the same statement, billed as one usage
 ///   event (amount = its `reserved_amount`). Only the statement that deletes a reservation bills
-///   it, and the event names it (`reservation_id` is unique), so a job is never billed twice;
-///   its `job_id` need not be unique (an older event may hold the same id);
+///   it, and the event names it (`reservation_id` is unique), so a job is never billed twice. A
+///   job whose id an older event holds (`job_id` is still unique) is billed with `job_id` NULL;
 /// - `cancelled` / `discarded`: the reservation is deleted, nothing is billed;
 /// - anything else (retry, snooze, rescue): the reservation stays.
 ///
@@ -58,24 +58,43 @@ pub async fn end_reservations(
     if ended.is_empty() {
         return Ok(HookEffect::default());
     }
-    let (released, billed, released_completed): (i64, i64, i64) = sqlx::query_as(
-        "WITH ended AS ( \
-           DELETE FROM quota_reservations WHERE job_id = ANY($1) \
-           RETURNING id, user_id, event_type, reserved_amount, job_id \
-         ), billed AS ( \
-           INSERT INTO usage_events (user_id, event_type, amount, job_id, reservation_id) \
-           SELECT user_id, event_type, reserved_amount, job_id, id FROM ended \
-           WHERE job_id = ANY($2) \
-           ON CONFLICT (reservation_id) DO NOTHING \
-           RETURNING 1 \
-         ) \
-         SELECT (SELECT count(*) FROM ended), (SELECT count(*) FROM billed), \
-                (SELECT count(*) FROM ended WHERE job_id = ANY($2))",
-    )
-    .bind(&ended)
-    .bind(&completed)
-    .fetch_one(&mut *conn)
-    .await?;
+    let (released, billed, billed_without_job_id, released_completed): (i64, i64, i64, i64) =
+        sqlx::query_as(
+            "WITH ended AS ( \
+               DELETE FROM quota_reservations WHERE job_id = ANY($1) \
+               RETURNING id, user_id, event_type, reserved_amount, job_id \
+             ), billed AS ( \
+               INSERT INTO usage_events (user_id, event_type, amount, job_id, reservation_id) \
+               SELECT user_id, event_type, reserved_amount, job_id, id FROM ended \
+               WHERE job_id = ANY($2) \
+               ON CONFLICT DO NOTHING \
+               RETURNING reservation_id \
+             ), billed_without_job_id AS ( \
+               INSERT INTO usage_events (user_id, event_type, amount, job_id, reservation_id) \
+               SELECT user_id, event_type, reserved_amount, NULL, id FROM ended \
+               WHERE job_id = ANY($2) AND id NOT IN (SELECT reservation_id FROM billed) \
+               ON CONFLICT DO NOTHING \
+               RETURNING 1 \
+             ) \
+             SELECT (SELECT count(*) FROM ended), (SELECT count(*) FROM billed), \
+                    (SELECT count(*) FROM billed_without_job_id), \
+                    (SELECT count(*) FROM ended WHERE job_id = ANY($2))",
+        )
+        .bind(&ended)
+        .bind(&completed)
+        .fetch_one(&mut *conn)
+        .await?;
+    if billed_without_job_id > 0 {
+        // An older usage event holds these jobs' ids (imported usage, ids handed out again after
+        // a restore, `UNIQUE (job_id)` kept for the previous release's binaries): the bill stands,
+        // named by its reservation.
+        tracing::warn!(
+            billed_without_job_id,
+            jobs = ?completed,
+            "completed jobs billed without their job id: an older usage event holds it"
+        );
+    }
+    let billed = billed + billed_without_job_id;
     if billed < released_completed {
         // A usage event naming the reservation existed already: it cannot, as only the statement
         // that deletes a reservation bills it, but if it did, billing it again would be wrong.

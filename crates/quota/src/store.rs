@@ -586,14 +586,26 @@ pub async fn cleanup(pool: &PgPool, ttl: Duration) -> Result<CleanupReport, Quot
            DELETE FROM quota_reservations r USING doomed d WHERE r.id = d.id \
            RETURNING d.id, d.user_id, d.event_type, d.reserved_amount, d.job_id, d.completed, \
                      d.finalized_at, d.why \
-         ), billed AS ( \
+         ), billed_with_job_id AS ( \
            INSERT INTO usage_events \
              (user_id, event_type, amount, job_id, reservation_id, occurred_at) \
            SELECT user_id, event_type, reserved_amount, job_id, id, \
                   coalesce(finalized_at, now()) \
            FROM deleted WHERE completed \
-           ON CONFLICT (reservation_id) DO NOTHING \
+           ON CONFLICT DO NOTHING \
            RETURNING reservation_id \
+         ), billed_without_job_id AS ( \
+           INSERT INTO usage_events \
+             (user_id, event_type, amount, job_id, reservation_id, occurred_at) \
+           SELECT user_id, event_type, reserved_amount, NULL, id, \
+                  coalesce(finalized_at, now()) \
+           FROM deleted \
+           WHERE completed AND id NOT IN (SELECT reservation_id FROM billed_with_job_id) \
+           ON CONFLICT DO NOTHING \
+           RETURNING reservation_id \
+         ), billed AS ( \
+           SELECT reservation_id FROM billed_with_job_id \
+           UNION ALL SELECT reservation_id FROM billed_without_job_id \
          ) \
          SELECT why, count(*), \
                 count(*) FILTER (WHERE id IN (SELECT reservation_id FROM billed)) \

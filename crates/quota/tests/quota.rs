@@ -597,6 +597,25 @@ async fn a_job_whose_id_an_older_usage_event_holds_is_billed_all_the_same() {
         (usage.events[0].used, usage.events[0].reserved),
         (7 + 7 + 1 + 1, 0)
     );
+    // The new bills are named by their reservations, the ids being taken.
+    let unnamed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM usage_events WHERE job_id IS NULL AND reservation_id IS NOT NULL",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(unnamed, 2);
+    // The previous release's binaries, still running during a rolling update, bill with
+    // `ON CONFLICT (job_id)`: the schema must still accept that.
+    sqlx::query(
+        "INSERT INTO usage_events (user_id, event_type, amount, job_id) \
+         VALUES ($1, 'analysis', 1, $2) ON CONFLICT (job_id) DO NOTHING",
+    )
+    .bind(user)
+    .bind(by_hook)
+    .execute(&db.pool)
+    .await
+    .unwrap();
     assert_totals_exact(&db.pool).await;
 }
 
