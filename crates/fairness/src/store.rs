@@ -64,7 +64,9 @@ macro_rules! full_users_ctes {
 
 /// How many fairness locks there are per service: a user's lock is one of these stripes (by a
 /// hash of the user's id), so a fetch that admits thousands of users holds at most this many
-/// locks. PostgreSQL's lock table is shared by all sessions and holds about
+/// locks, and, each being exclusive, all the fetches of a service on every replica together hold
+/// no more (two services: at most 4,096 entries of the lock table). PostgreSQL's lock table is
+/// shared by all sessions and holds about
 /// `max_locks_per_transaction × max_connections` locks (6,400 by default); a lock per user let a
 /// few large fetches fill it, and then every transaction needing a lock, anywhere in the
 /// database, failed with "out of shared memory". Two users of one stripe cannot be admitted by

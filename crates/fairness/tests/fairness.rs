@@ -629,15 +629,12 @@ async fn system_jobs_are_never_limited() {
     assert!(runs.iter().all(|r| r.job > 0));
 }
 
-/// The gate reads each tier from the paid users only (`users_paid`, ADR 0015): a user at their
-/// tier's limit is skipped and one below it is a candidate, for every tier; a user who is not in
-/// `users`, or was downgraded to free, counts as free; and the count under the locks reports the
-/// same tiers. The limits differ per tier here, so a mixed-up tier shows.
 /// PostgreSQL's lock table is shared by every session and holds about
 /// `max_locks_per_transaction × max_connections` locks (6,400 by default); when it is full,
 /// every transaction that needs one more lock fails with "out of shared memory". A fetch that
 /// admits thousands of users must not take a lock per user: the user locks are striped, so a
-/// fetch holds at most [`fairness::store::USER_LOCK_STRIPES`] of them however many it admits.
+/// fetch holds at most [`fairness::store::USER_LOCK_STRIPES`] of them however many it admits
+/// (and, as each is exclusive, every fetch of a service together holds no more).
 #[tokio::test]
 async fn a_fetch_admitting_thousands_of_users_holds_a_bounded_number_of_locks() {
     let h = Harness::new().await;
@@ -688,6 +685,10 @@ async fn a_fetch_admitting_thousands_of_users_holds_a_bounded_number_of_locks() 
     );
 }
 
+/// The gate reads each tier from the paid users only (`users_paid`, ADR 0015): a user at their
+/// tier's limit is skipped and one below it is a candidate, for every tier; a user who is not in
+/// `users`, or was downgraded to free, counts as free; and the count under the locks reports the
+/// same tiers. The limits differ per tier here, so a mixed-up tier shows.
 #[tokio::test]
 async fn the_gate_reads_every_tier_from_the_paid_users_and_counts_the_rest_as_free() {
     let h = Harness::new().await;

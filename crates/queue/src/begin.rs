@@ -1,6 +1,7 @@
 //! Transactions begun so that a caller who gives up during the `BEGIN` cannot send a
-//! connection back to the pool inside a transaction: [`begin`] and [`begin_with`], the only way
-//! Fairlane's libraries open a transaction on a pool's connection.
+//! connection back to the pool inside a transaction: [`begin`] and [`begin_with`], which
+//! Fairlane's libraries use for every transaction they take a pool connection for
+//! (`Client::begin_on_with` begins on a connection its caller holds and closes if it gives up).
 //!
 //! sqlx 0.9.0 counts a transaction only once the server has answered its `BEGIN`, and the guard
 //! that rolls back a dropped transaction does nothing while that count is zero. A future dropped
@@ -11,7 +12,10 @@
 //! success and was never committed, and held its row locks until the session ended. Here the
 //! `BEGIN` runs in a task of its own, which sees it through whatever happens to the caller; a
 //! transaction nobody is left to receive is dropped there, after the count, so its `ROLLBACK` is
-//! sent before the connection is pooled again.
+//! sent before the connection is pooled again. The task also waits for the connection, so a
+//! caller that gives up while the pool has none free still takes one, for a `BEGIN` and a
+//! `ROLLBACK`, when one frees: sqlx offers no public way to begin on a connection the caller
+//! acquired and still hand back an owned transaction.
 
 use sqlx::{PgPool, Postgres, Transaction};
 
@@ -38,10 +42,10 @@ where
 {
     match tokio::spawn(begin).await {
         Ok(result) => result,
-        // A panic inside sqlx, or a runtime shutting down: no transaction was handed out.
-        Err(e) => Err(sqlx::Error::Io(std::io::Error::other(format!(
-            "beginning a transaction: {e}"
-        )))),
+        // A panic inside sqlx is the caller's panic, as it was before the task.
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // The runtime is shutting down: no transaction was handed out, and none will be.
+        Err(_) => Err(sqlx::Error::PoolClosed),
     }
 }
 

@@ -54,11 +54,13 @@ const ELECTIONS_STOP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Then how long the health server gets to stop.
 const HTTP_STOP_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// The longest the scheduler takes to stop after SIGTERM, before its telemetry flush
-/// ([`telemetry::TelemetryConfig::shutdown_bound`]): its grace period must exceed the two.
+/// The longest the scheduler takes to stop after SIGTERM, besides its telemetry flush
+/// ([`telemetry::TelemetryConfig::shutdown_bound`]), the end of its runtime included: its grace
+/// period must exceed the two.
 pub const SHUTDOWN_BOUND: Duration = STOP_ACTING_TIMEOUT
     .saturating_add(ELECTIONS_STOP_TIMEOUT)
-    .saturating_add(HTTP_STOP_TIMEOUT);
+    .saturating_add(HTTP_STOP_TIMEOUT)
+    .saturating_add(telemetry::runtime::LEFTOVER_BLOCKING_WAIT);
 
 /// Runs the scheduler until `shutdown`: serves HTTP at once, waits for the database schema, then
 /// campaigns and acts. On shutdown it stops acting, then resigns both leases (another replica

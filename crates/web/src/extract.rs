@@ -94,11 +94,19 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
                 ));
             }
         }
+        // Every `Content-Encoding` field, and every coding in each, must be `identity`: one
+        // `gzip` among them means the body is not the JSON it would be read as.
         if let Some(encoding) = req
             .headers()
-            .get(http::header::CONTENT_ENCODING)
-            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-            .filter(|v| !v.trim().eq_ignore_ascii_case("identity"))
+            .get_all(http::header::CONTENT_ENCODING)
+            .iter()
+            .flat_map(|v| {
+                String::from_utf8_lossy(v.as_bytes())
+                    .split(',')
+                    .map(|coding| coding.trim().to_owned())
+                    .collect::<Vec<_>>()
+            })
+            .find(|coding| !coding.is_empty() && !coding.eq_ignore_ascii_case("identity"))
         {
             return Err(Problem::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,

@@ -104,15 +104,7 @@ pub async fn timeout(limit: Duration, req: Request, next: Next) -> Response {
     let finished = tokio::time::timeout(limit, next.run(req)).await;
     match finished {
         Ok(response) => response,
-        Err(_) if body.is_partly_read() => Problem::new(
-            StatusCode::REQUEST_TIMEOUT,
-            "request_timeout",
-            format!(
-                "the request body did not arrive within {} s; nothing was changed",
-                limit.as_secs_f64()
-            ),
-        )
-        .into_response(),
+        // Writes may have committed: that is the answer, whatever else held the request up.
         Err(_) if watch.is_outcome_unknown() => Problem::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "timeout_outcome_unknown",
@@ -120,6 +112,15 @@ pub async fn timeout(limit: Duration, req: Request, next: Next) -> Response {
                 "the request took longer than {} s and was abandoned while its writes were being \
                  committed: they may have taken effect; look at what it changes (for new work, \
                  GET /v1/usage and your jobs) before sending it again",
+                limit.as_secs_f64()
+            ),
+        )
+        .into_response(),
+        Err(_) if body.is_partly_read() => Problem::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            format!(
+                "the request body did not arrive within {} s; nothing was changed",
                 limit.as_secs_f64()
             ),
         )

@@ -337,6 +337,15 @@ impl From<queue::QueueError> for Problem {
     fn from(e: queue::QueueError) -> Self {
         match e {
             queue::QueueError::Database(e) => e.into(),
+            // A hook's own database error (the record or quota hook in a cancel) is answered as
+            // the database's: a lock held too long is `database_busy`, a lost connection
+            // `database_unavailable`, not a 500.
+            queue::QueueError::Hook(e) | queue::QueueError::Gate(e) => {
+                match e.downcast::<sqlx::Error>() {
+                    Ok(e) => (*e).into(),
+                    Err(e) => Problem::internal(&e),
+                }
+            }
             e => Problem::internal(&e),
         }
     }
@@ -345,6 +354,14 @@ impl From<queue::QueueError> for Problem {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hooks_database_error_is_answered_as_the_databases() {
+        let lost = queue::QueueError::Hook(Box::new(sqlx::Error::PoolTimedOut));
+        assert_eq!(Problem::from(lost).code(), "database_unavailable");
+        let refused = queue::QueueError::Hook(Box::new(std::io::Error::other("no result")));
+        assert_eq!(Problem::from(refused).code(), "internal");
+    }
 
     #[test]
     fn body_has_the_rfc_members_and_extras() {
