@@ -77,17 +77,45 @@ pub async fn settle(
     let mut analyses_ended: Vec<JobId> = Vec::new();
     let mut specviews_done: Vec<JobId> = Vec::new();
     let mut specviews_ended: Vec<JobId> = Vec::new();
+    let mut analyses_waiting: Vec<JobId> = Vec::new();
+    let mut specviews_waiting: Vec<JobId> = Vec::new();
     for t in transitions {
-        let (done, ended) = match t.kind.as_str() {
-            AnalysisArgs::KIND => (&mut analyses_done, &mut analyses_ended),
-            SpecviewArgs::KIND => (&mut specviews_done, &mut specviews_ended),
+        let (done, ended, waiting) = match t.kind.as_str() {
+            AnalysisArgs::KIND => (
+                &mut analyses_done,
+                &mut analyses_ended,
+                &mut analyses_waiting,
+            ),
+            SpecviewArgs::KIND => (
+                &mut specviews_done,
+                &mut specviews_ended,
+                &mut specviews_waiting,
+            ),
             _ => continue,
         };
         match t.state {
             JobState::Completed => done.push(t.job_id),
             JobState::Cancelled | JobState::Discarded => ended.push(t.job_id),
-            JobState::Available | JobState::Scheduled | JobState::Running | JobState::Retryable => {
+            JobState::Available | JobState::Scheduled | JobState::Retryable => {
+                waiting.push(t.job_id);
             }
+            JobState::Running => {}
+        }
+    }
+    // Back to waiting (a retry to come, a rescue, a hand-back, a snooze): `pending` until the
+    // next attempt claims the record, not `running` for the hours a retry may wait.
+    for (table, waiting) in [
+        ("analyses", &analyses_waiting),
+        ("specviews", &specviews_waiting),
+    ] {
+        if !waiting.is_empty() {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "UPDATE {table} SET state = 'pending', updated_at = now() \
+                 WHERE job_id = ANY($1) AND state = 'running'"
+            )))
+            .bind(waiting)
+            .execute(&mut *conn)
+            .await?;
         }
     }
     if !analyses_ended.is_empty() {

@@ -72,8 +72,11 @@ async fn analysis(pool: &PgPool, user: Option<Uuid>, commit: Option<&str>, job: 
 async fn finish(pool: &PgPool, job: i64, state: JobState, metadata: Value, errors: Value) {
     let mut tx = pool.begin().await.unwrap();
     let t: Transition = sqlx::query_as(
-        "UPDATE fairlane_job SET state = $2, finalized_at = now(), metadata = metadata || $3, \
-         errors = $4 WHERE id = $1 RETURNING id, queue, kind, user_id, state",
+        "UPDATE fairlane_job SET state = $2, \
+                finalized_at = CASE WHEN $2 IN ('completed', 'cancelled', 'discarded') \
+                                    THEN now() END, \
+                metadata = metadata || $3, errors = $4 \
+         WHERE id = $1 RETURNING id, queue, kind, user_id, state",
     )
     .bind(job)
     .bind(state)
@@ -266,6 +269,36 @@ async fn a_system_analysis_stores_the_commit_it_resolved() {
     );
 }
 
+/// A record whose job goes back to waiting (a failed attempt with a retry to come, a rescue, a
+/// hand-back, a snooze) is `pending` again, not `running` for the hours its retry may wait; the
+/// next attempt claims it as the first did.
+#[tokio::test]
+async fn a_record_whose_job_waits_again_is_pending_until_the_next_attempt_claims_it() {
+    let db = TestDb::new().await;
+    let u = user(&db.pool).await;
+    for (n, waiting) in [
+        JobState::Retryable,
+        JobState::Available,
+        JobState::Scheduled,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let job = running_job(&db.pool, "analysis", 3).await;
+        let id = analysis(&db.pool, Some(u), Some(&sha(900 + n as u64)), job).await;
+        analyses::claim(&db.pool, id, job).await.unwrap().unwrap();
+        assert_eq!(row(&db.pool, id).await.state, WorkState::Running);
+        finish(&db.pool, job, waiting, json!({}), json!([])).await;
+        assert_eq!(
+            row(&db.pool, id).await.state,
+            WorkState::Pending,
+            "{waiting:?}"
+        );
+        analyses::claim(&db.pool, id, job).await.unwrap().unwrap();
+        assert_eq!(row(&db.pool, id).await.state, WorkState::Running);
+    }
+}
+
 #[tokio::test]
 async fn jobs_that_end_without_success_fail_their_records_with_the_reason() {
     let db = TestDb::new().await;
@@ -411,8 +444,8 @@ async fn a_crashed_job_out_of_attempts_fails_its_record_through_the_rescuer() {
         r.error.as_deref(),
         Some("failed after 1 attempt: worker gone-worker stopped heartbeating; job rescued")
     );
-    // The other job runs again: its record stays running.
-    assert_eq!(row(&db.pool, retried).await.state, WorkState::Running);
+    // The other job runs again: its record waits with it, pending until the next attempt.
+    assert_eq!(row(&db.pool, retried).await.state, WorkState::Pending);
 }
 
 #[tokio::test]
