@@ -61,8 +61,7 @@ pub struct UpdateUser {
 }
 
 fn user_id(id: &str) -> Result<Uuid, Problem> {
-    id.parse()
-        .map_err(|_| Problem::not_found(format!("no user `{id}`")))
+    super::path_uuid(id).ok_or_else(|| Problem::not_found(format!("no user `{id}`")))
 }
 
 /// Create a user with a tier.

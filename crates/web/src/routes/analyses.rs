@@ -221,7 +221,7 @@ pub async fn get(
     IdPath(id): IdPath,
 ) -> Result<Response, Problem> {
     let not_found = || Problem::not_found(format!("no analysis `{id}`"));
-    let Ok(analysis_id) = id.parse::<Uuid>() else {
+    let Some(analysis_id) = super::path_uuid(&id) else {
         return Err(not_found());
     };
     let view = read_analysis(&state, analysis_id, user.user_id)

@@ -33,8 +33,7 @@ pub struct CancelResponse {
 }
 
 fn parse_id(id: &str) -> Result<i64, Problem> {
-    id.parse::<i64>()
-        .map_err(|_| Problem::not_found(format!("no job `{id}`")))
+    super::path_job_id(id).ok_or_else(|| Problem::not_found(format!("no job `{id}`")))
 }
 
 /// The job `id` if it is the caller's.

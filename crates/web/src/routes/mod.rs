@@ -298,6 +298,26 @@ pub fn accepted_job(body: impl Serialize, job_id: i64) -> Response {
     response
 }
 
+/// A resource's UUID as a path segment names it only in the hyphenated form the API gives out
+/// (either case): `{…}`, `urn:uuid:…` and the 32 digits without hyphens are other URLs, and one
+/// resource with many URLs defeats caches and logs that key on the URL. Anything else is `None`
+/// (a 404).
+pub fn path_uuid(segment: &str) -> Option<Uuid> {
+    if segment.len() != 36 {
+        return None;
+    }
+    Uuid::try_parse(segment).ok()
+}
+
+/// A job id as a path segment: decimal digits as the API gives them out, without a sign or
+/// leading zeros (`+7` and `007` are other URLs for job 7). Anything else is `None` (a 404).
+pub fn path_job_id(segment: &str) -> Option<i64> {
+    let canonical = !segment.is_empty()
+        && segment.bytes().all(|b| b.is_ascii_digit())
+        && (segment == "0" || !segment.starts_with('0'));
+    canonical.then(|| segment.parse().ok()).flatten()
+}
+
 /// Whether `s` is a full commit id (SHA-1 or SHA-256 hex), which needs no network to resolve.
 pub fn is_object_id(s: &str) -> bool {
     (s.len() == 40 || s.len() == 64) && s.bytes().all(|c| c.is_ascii_hexdigit())
@@ -306,6 +326,36 @@ pub fn is_object_id(s: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_in_paths_have_one_spelling() {
+        let id = "0192f0c4-8d7e-7c3a-9a5b-1c2d3e4f5a6b";
+        assert!(path_uuid(id).is_some());
+        assert_eq!(path_uuid(&id.to_uppercase()), path_uuid(id));
+        for other in [
+            "0192f0c48d7e7c3a9a5b1c2d3e4f5a6b",
+            "{0192f0c4-8d7e-7c3a-9a5b-1c2d3e4f5a6b}",
+            "urn:uuid:0192f0c4-8d7e-7c3a-9a5b-1c2d3e4f5a6b",
+            "",
+        ] {
+            assert_eq!(path_uuid(other), None, "{other}");
+        }
+        assert_eq!(path_job_id("7"), Some(7));
+        assert_eq!(path_job_id("0"), Some(0));
+        assert_eq!(path_job_id("9223372036854775807"), Some(i64::MAX));
+        for other in [
+            "+7",
+            "007",
+            "-7",
+            " 7",
+            "7 ",
+            "",
+            "9223372036854775808",
+            "1e3",
+        ] {
+            assert_eq!(path_job_id(other), None, "{other:?}");
+        }
+    }
 
     #[test]
     fn a_stored_document_is_passed_through_as_written() {

@@ -195,7 +195,7 @@ async fn representation(
     id: &str,
 ) -> Result<Response, Problem> {
     let not_found = || Problem::not_found(format!("no specview `{id}`"));
-    let Ok(specview_id) = id.parse::<Uuid>() else {
+    let Some(specview_id) = super::path_uuid(id) else {
         return Err(not_found());
     };
     let sql = format!("SELECT {SPECVIEW_COLUMNS} FROM specviews WHERE id = $1 AND user_id = $2");
