@@ -110,8 +110,10 @@ pub async fn settle(
     ] {
         if !waiting.is_empty() {
             sqlx::query(sqlx::AssertSqlSafe(format!(
-                "UPDATE {table} SET state = 'pending', updated_at = now() \
-                 WHERE job_id = ANY($1) AND state = 'running'"
+                "UPDATE {table} r SET state = 'pending', updated_at = now() \
+                 FROM fairlane_job j \
+                 WHERE j.id = ANY($1) AND {} AND r.state = 'running'",
+                record_of_job(table)
             )))
             .bind(waiting)
             .execute(&mut *conn)
@@ -155,13 +157,28 @@ const FAILURE_MESSAGE: &str = "CASE \
            || coalesce(j.errors -> -1 ->> 'error', 'no error was recorded') \
     END";
 
+/// The condition that record `r` of `table` is the one job `j` fills: linked to the job, and
+/// named by the job's arguments. Job ids are not unique over time (a `fairlane_job` restored
+/// apart from the records starts its identity over), so a link alone could make a new job settle
+/// an old job's stale record. Compared as text: a malformed id in a job's arguments matches
+/// nothing instead of failing the statement.
+fn record_of_job(table: &str) -> String {
+    let id_argument = if table == "specviews" {
+        "specview_id"
+    } else {
+        "analysis_id"
+    };
+    format!("r.job_id = j.id AND r.id::text = j.args ->> '{id_argument}'")
+}
+
 /// Fails the `pending`/`running` records of `table` whose jobs are in `$1`.
 fn fail_statement(table: &str, cleared: &str) -> String {
     format!(
         "UPDATE {table} r SET state = 'failed', {cleared}, updated_at = now(), \
                 error = {FAILURE_MESSAGE} \
          FROM fairlane_job j \
-         WHERE j.id = ANY($1) AND r.job_id = j.id AND r.state IN ('pending', 'running')"
+         WHERE j.id = ANY($1) AND {} AND r.state IN ('pending', 'running')",
+        record_of_job(table)
     )
 }
 
@@ -170,14 +187,17 @@ fn fail_statement(table: &str, cleared: &str) -> String {
 const NO_RESULT: &str = "the job succeeded without storing a result";
 
 async fn complete_analyses(conn: &mut PgConnection, jobs: &[JobId]) -> Result<(), SettleError> {
-    let rows: Vec<(Uuid, String, Option<String>, bool)> = sqlx::query_as(
-        "SELECT id, repository, commit, result IS NOT NULL FROM analyses \
-         WHERE job_id = ANY($1) AND state IN ('pending', 'running') \
-         ORDER BY id FOR UPDATE",
-    )
-    .bind(jobs)
-    .fetch_all(&mut *conn)
-    .await?;
+    let rows: Vec<(Uuid, String, Option<String>, bool)> =
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT r.id, r.repository, r.commit, r.result IS NOT NULL \
+             FROM analyses r JOIN fairlane_job j ON {} \
+             WHERE j.id = ANY($1) AND r.state IN ('pending', 'running') \
+             ORDER BY r.id FOR UPDATE OF r",
+            record_of_job("analyses")
+        )))
+        .bind(jobs)
+        .fetch_all(&mut *conn)
+        .await?;
     let mut broken: Vec<Uuid> = Vec::new();
     let mut ready: Vec<(Uuid, String, String)> = Vec::new();
     for (id, repository, commit, has_result) in rows {
@@ -223,12 +243,13 @@ async fn complete_analyses(conn: &mut PgConnection, jobs: &[JobId]) -> Result<()
 }
 
 async fn complete_specviews(conn: &mut PgConnection, jobs: &[JobId]) -> Result<(), SettleError> {
-    let broken: Vec<Uuid> = sqlx::query_scalar(
-        "SELECT id FROM specviews \
-         WHERE job_id = ANY($1) AND state IN ('pending', 'running') \
-           AND (result IS NULL OR markdown IS NULL) \
-         ORDER BY id",
-    )
+    let broken: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT r.id FROM specviews r JOIN fairlane_job j ON {} \
+         WHERE j.id = ANY($1) AND r.state IN ('pending', 'running') \
+           AND (r.result IS NULL OR r.markdown IS NULL) \
+         ORDER BY r.id",
+        record_of_job("specviews")
+    )))
     .bind(jobs)
     .fetch_all(&mut *conn)
     .await?;
@@ -238,11 +259,13 @@ async fn complete_specviews(conn: &mut PgConnection, jobs: &[JobId]) -> Result<(
             records: broken,
         });
     }
-    sqlx::query(
-        "UPDATE specviews SET state = 'completed', completed_at = now(), error = NULL, \
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE specviews r SET state = 'completed', completed_at = now(), error = NULL, \
                 updated_at = now() \
-         WHERE job_id = ANY($1) AND state IN ('pending', 'running')",
-    )
+         FROM fairlane_job j \
+         WHERE j.id = ANY($1) AND {} AND r.state IN ('pending', 'running')",
+        record_of_job("specviews")
+    )))
     .bind(jobs)
     .execute(&mut *conn)
     .await?;

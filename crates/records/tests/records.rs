@@ -54,9 +54,14 @@ async fn running_job(pool: &PgPool, kind: &str, max_attempts: i16) -> i64 {
 }
 
 async fn analysis(pool: &PgPool, user: Option<Uuid>, commit: Option<&str>, job: i64) -> Uuid {
+    // The job's arguments name the record, as every job the services enqueue does.
     sqlx::query_scalar(
-        "INSERT INTO analyses (user_id, repository, commit, job_id) VALUES ($1, $2, $3, $4) \
-         RETURNING id",
+        "WITH r AS (INSERT INTO analyses (user_id, repository, commit, job_id) \
+                    VALUES ($1, $2, $3, $4) RETURNING id), \
+              j AS (UPDATE fairlane_job \
+                    SET args = args || jsonb_build_object('analysis_id', (SELECT id FROM r)) \
+                    WHERE id = $4) \
+         SELECT id FROM r",
     )
     .bind(user)
     .bind(REPO)
@@ -299,6 +304,44 @@ async fn a_record_whose_job_waits_again_is_pending_until_the_next_attempt_claims
     }
 }
 
+/// Job ids are not unique over time: after `fairlane_job` is restored apart from the records, a
+/// new job can take the id a stale record still links to. Its completion settles its own record
+/// (the one its arguments name), not the stale one, which used to refuse the completion for
+/// want of a result, and its failure fails only its own.
+#[tokio::test]
+async fn a_job_settles_only_the_record_its_arguments_name() {
+    let db = TestDb::new().await;
+    let u = user(&db.pool).await;
+    for end in [JobState::Completed, JobState::Discarded] {
+        let job = running_job(&db.pool, "analysis", 3).await;
+        // A record left by a job of the same id before the restore.
+        let stale: Uuid = sqlx::query_scalar(
+            "INSERT INTO analyses (user_id, repository, commit, job_id) \
+             VALUES ($1, $2, $3, $4) RETURNING id",
+        )
+        .bind(u)
+        .bind(REPO)
+        .bind(sha(700))
+        .bind(job)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        let own = analysis(&db.pool, Some(u), Some(&sha(701)), job).await;
+        analyses::claim(&db.pool, own, job).await.unwrap().unwrap();
+        analyses::stage(&db.pool, own, job, &sha(701), &json!({}).to_string())
+            .await
+            .unwrap();
+        finish(&db.pool, job, end, json!({}), json!([])).await;
+        let expected = if end == JobState::Completed {
+            WorkState::Completed
+        } else {
+            WorkState::Failed
+        };
+        assert_eq!(row(&db.pool, own).await.state, expected);
+        assert_eq!(row(&db.pool, stale).await.state, WorkState::Pending);
+    }
+}
+
 #[tokio::test]
 async fn jobs_that_end_without_success_fail_their_records_with_the_reason() {
     let db = TestDb::new().await;
@@ -500,7 +543,12 @@ async fn specview_records_follow_their_jobs() {
         let pool = db.pool.clone();
         async move {
             sqlx::query_scalar::<_, Uuid>(
-                "INSERT INTO specviews (user_id, analysis_id, job_id) VALUES ($1, $2, $3) RETURNING id",
+                "WITH r AS (INSERT INTO specviews (user_id, analysis_id, job_id) \
+                            VALUES ($1, $2, $3) RETURNING id), \
+                      j AS (UPDATE fairlane_job \
+                            SET args = args || jsonb_build_object('specview_id', (SELECT id FROM r)) \
+                            WHERE id = $3) \
+                 SELECT id FROM r",
             )
             .bind(u)
             .bind(analysis_id)
@@ -780,7 +828,12 @@ async fn a_specview_of_another_users_analysis_is_refused() {
     let analysis_id = analysis(&db.pool, Some(owner), Some(&sha(1)), analysis_job).await;
     let job = running_job(&db.pool, "specview", 3).await;
     let id: Uuid = sqlx::query_scalar(
-        "INSERT INTO specviews (user_id, analysis_id, job_id) VALUES ($1, $2, $3) RETURNING id",
+        "WITH r AS (INSERT INTO specviews (user_id, analysis_id, job_id) \
+                    VALUES ($1, $2, $3) RETURNING id), \
+              j AS (UPDATE fairlane_job \
+                    SET args = args || jsonb_build_object('specview_id', (SELECT id FROM r)) \
+                    WHERE id = $3) \
+         SELECT id FROM r",
     )
     .bind(other)
     .bind(analysis_id)
