@@ -751,13 +751,7 @@ fn deployments_have_probes_resources_budgets_graceful_shutdown_and_scaling() {
         // per-service ConfigMap overrides the shared ones), else the service's default.
         let effective =
             |container: &Value, key: &str| container_env_value(container, &objects, key);
-        let flush = |container: &Value| {
-            let mut telemetry = telemetry::TelemetryConfig::default();
-            if let Some(timeout) = effective(container, "OTLP_EXPORT_TIMEOUT") {
-                telemetry.otlp_export_timeout = duration(&timeout);
-            }
-            telemetry.shutdown_bound().as_secs_f64()
-        };
+        let flush = |container: &Value| flush_bound(|key| effective(container, key)).as_secs_f64();
         let web_container = &web["containers"][0];
         let drain = duration(
             &effective(web_container, "HTTP_REQUEST_TIMEOUT")
@@ -782,17 +776,7 @@ fn deployments_have_probes_resources_budgets_graceful_shutdown_and_scaling() {
         for (name, queues) in &workers {
             let deployment = find("Deployment", name);
             let container = &deployment["spec"]["template"]["spec"]["containers"][0];
-            let defaults = queue::EngineConfig::default();
-            let setting = |key: &str, default: Duration| {
-                effective(container, key).map_or(default, |v| duration(&v))
-            };
-            let engine = queue::EngineConfig {
-                shutdown_timeout: setting("QUEUE_SHUTDOWN_TIMEOUT", defaults.shutdown_timeout),
-                cancel_grace: setting("QUEUE_CANCEL_GRACE", defaults.cancel_grace),
-                ..queue::EngineConfig::default()
-            };
-            let worker_bound = (engine.shutdown_bound() + workerkit::SHUTDOWN_OVERHEAD_BOUND)
-                .as_secs_f64()
+            let worker_bound = worker_shutdown_bound(|key| effective(container, key)).as_secs_f64()
                 + flush(container);
             let grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
                 .as_u64()
@@ -941,30 +925,16 @@ fn compose_grace_periods_cover_each_services_worst_shutdown() {
                 .unwrap_or_else(|| panic!("docker-compose.yml {service}: no stop_grace_period")),
         )
     };
-    let flush = |service: &str| {
-        let mut telemetry = telemetry::TelemetryConfig::default();
-        if let Some(timeout) = env(service, "OTLP_EXPORT_TIMEOUT") {
-            telemetry.otlp_export_timeout = duration(&timeout);
-        }
-        telemetry.shutdown_bound()
-    };
+    let flush = |service: &str| flush_bound(|key| env(service, key));
     let drain = env("web", "HTTP_REQUEST_TIMEOUT").map_or(
         web::config::WebConfig::default().http_request_timeout,
         |v| duration(&v),
     );
     let mut bounds = vec![("web", drain + web::SHUTDOWN_OVERHEAD_BOUND + flush("web"))];
     for worker in ["analyzer-worker", "specgen-worker"] {
-        let defaults = queue::EngineConfig::default();
-        let setting =
-            |key: &str, default: Duration| env(worker, key).map_or(default, |v| duration(&v));
-        let engine = queue::EngineConfig {
-            shutdown_timeout: setting("QUEUE_SHUTDOWN_TIMEOUT", defaults.shutdown_timeout),
-            cancel_grace: setting("QUEUE_CANCEL_GRACE", defaults.cancel_grace),
-            ..defaults
-        };
         bounds.push((
             worker,
-            engine.shutdown_bound() + workerkit::SHUTDOWN_OVERHEAD_BOUND + flush(worker),
+            worker_shutdown_bound(|key| env(worker, key)) + flush(worker),
         ));
     }
     bounds.push(("scheduler", scheduler::SHUTDOWN_BOUND + flush("scheduler")));
@@ -975,6 +945,29 @@ fn compose_grace_periods_cover_each_services_worst_shutdown() {
             grace(service)
         );
     }
+}
+
+/// The telemetry flush's bound at shutdown, with the `OTLP_EXPORT_TIMEOUT` a service gets
+/// (`setting` reads what its deployment hands it), else the default.
+fn flush_bound(setting: impl Fn(&str) -> Option<String>) -> Duration {
+    let mut telemetry = telemetry::TelemetryConfig::default();
+    if let Some(timeout) = setting("OTLP_EXPORT_TIMEOUT") {
+        telemetry.otlp_export_timeout = duration(&timeout);
+    }
+    telemetry.shutdown_bound()
+}
+
+/// A worker service's worst shutdown besides its telemetry flush (the engine's drain and bounded
+/// steps, the health server, the gauge, the runtime's end), with the settings `setting` reads.
+fn worker_shutdown_bound(setting: impl Fn(&str) -> Option<String>) -> Duration {
+    let defaults = queue::EngineConfig::default();
+    let read = |key: &str, default: Duration| setting(key).map_or(default, |v| duration(&v));
+    let engine = queue::EngineConfig {
+        shutdown_timeout: read("QUEUE_SHUTDOWN_TIMEOUT", defaults.shutdown_timeout),
+        cancel_grace: read("QUEUE_CANCEL_GRACE", defaults.cancel_grace),
+        ..defaults
+    };
+    engine.shutdown_bound() + workerkit::SHUTDOWN_OVERHEAD_BOUND
 }
 
 fn compose() -> serde_yaml::Value {
