@@ -59,27 +59,15 @@ pub async fn end_reservations(
         return Ok(HookEffect::default());
     }
     let (released, billed, billed_without_job_id, released_completed): (i64, i64, i64, i64) =
-        sqlx::query_as(
+        sqlx::query_as(concat!(
             "WITH ended AS ( \
                DELETE FROM quota_reservations WHERE job_id = ANY($1) \
                RETURNING id, user_id, event_type, reserved_amount, job_id \
-             ), billed AS ( \
-               INSERT INTO usage_events (user_id, event_type, amount, job_id, reservation_id) \
-               SELECT user_id, event_type, reserved_amount, job_id, id FROM ended \
-               WHERE job_id = ANY($2) \
-               ON CONFLICT DO NOTHING \
-               RETURNING reservation_id \
-             ), billed_without_job_id AS ( \
-               INSERT INTO usage_events (user_id, event_type, amount, job_id, reservation_id) \
-               SELECT user_id, event_type, reserved_amount, NULL, id FROM ended \
-               WHERE job_id = ANY($2) AND id NOT IN (SELECT reservation_id FROM billed) \
-               ON CONFLICT DO NOTHING \
-               RETURNING 1 \
-             ) \
-             SELECT (SELECT count(*) FROM ended), (SELECT count(*) FROM billed), \
-                    (SELECT count(*) FROM billed_without_job_id), \
-                    (SELECT count(*) FROM ended WHERE job_id = ANY($2))",
-        )
+             ), to_bill AS (SELECT * FROM ended WHERE job_id = ANY($2)), ",
+            billing_ctes!("to_bill", "now()"),
+            " SELECT (SELECT count(*) FROM ended), (SELECT count(*) FROM billed), \
+                    (SELECT count(*) FROM billed_without_job_id), (SELECT count(*) FROM to_bill)",
+        ))
         .bind(&ended)
         .bind(&completed)
         .fetch_one(&mut *conn)
@@ -94,7 +82,6 @@ pub async fn end_reservations(
             "completed jobs billed without their job id: an older usage event holds it"
         );
     }
-    let billed = billed + billed_without_job_id;
     if billed < released_completed {
         // A usage event naming the reservation existed already: it cannot, as only the statement
         // that deletes a reservation bills it, but if it did, billing it again would be wrong.

@@ -18,6 +18,43 @@
 //!
 //! No HTTP here: the web service maps [`QuotaError::Exceeded`] to its 429.
 
+/// The CTEs (without a leading `WITH` or comma) that bill the reservations of `$source`, a
+/// relation with their columns `id`, `user_id`, `event_type`, `reserved_amount` and `job_id`, as
+/// usage events dated `$occurred_at` (SQL over those columns): the one statement that deletes
+/// reservations bills them, whichever of the hook and cleanup it is. A reservation whose job id
+/// an older event holds (ids repeat after a restore; `UNIQUE (job_id)` stays for the previous
+/// release's binaries) is billed with `job_id` NULL, named by the reservation. `billed` lists the
+/// reservations billed, `billed_without_job_id` those billed so.
+macro_rules! billing_ctes {
+    ($source:literal, $occurred_at:literal) => {
+        concat!(
+            "billed_with_job_id AS ( \
+               INSERT INTO usage_events \
+                 (user_id, event_type, amount, job_id, reservation_id, occurred_at) \
+               SELECT user_id, event_type, reserved_amount, job_id, id, ",
+            $occurred_at,
+            " FROM ",
+            $source,
+            " ON CONFLICT DO NOTHING \
+               RETURNING reservation_id \
+             ), billed_without_job_id AS ( \
+               INSERT INTO usage_events \
+                 (user_id, event_type, amount, job_id, reservation_id, occurred_at) \
+               SELECT user_id, event_type, reserved_amount, NULL, id, ",
+            $occurred_at,
+            " FROM ",
+            $source,
+            " WHERE id NOT IN (SELECT reservation_id FROM billed_with_job_id) \
+               ON CONFLICT DO NOTHING \
+               RETURNING reservation_id \
+             ), billed AS ( \
+               SELECT reservation_id FROM billed_with_job_id \
+               UNION ALL SELECT reservation_id FROM billed_without_job_id \
+             )"
+        )
+    };
+}
+
 pub mod config;
 pub mod decision;
 pub mod error;

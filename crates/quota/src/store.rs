@@ -575,41 +575,25 @@ pub async fn cleanup(pool: &PgPool, ttl: Duration) -> Result<CleanupReport, Quot
         return Ok(CleanupReport::default());
     }
     let rows: Vec<(String, i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "WITH doomed AS ( \
-           SELECT r.id, r.user_id, r.event_type, r.reserved_amount, r.job_id, \
-                  j.state = 'completed' AS completed, j.finalized_at, \
-                  CASE WHEN r.job_id IS NULL THEN 'expired' \
-                       WHEN j.id IS NULL THEN 'missing' ELSE 'final' END AS why \
-           FROM quota_reservations r LEFT JOIN fairlane_job j ON j.id = r.job_id \
-           WHERE r.id = ANY($2) AND ({ORPHANED}) \
-         ), deleted AS ( \
-           DELETE FROM quota_reservations r USING doomed d WHERE r.id = d.id \
-           RETURNING d.id, d.user_id, d.event_type, d.reserved_amount, d.job_id, d.completed, \
-                     d.finalized_at, d.why \
-         ), billed_with_job_id AS ( \
-           INSERT INTO usage_events \
-             (user_id, event_type, amount, job_id, reservation_id, occurred_at) \
-           SELECT user_id, event_type, reserved_amount, job_id, id, \
-                  coalesce(finalized_at, now()) \
-           FROM deleted WHERE completed \
-           ON CONFLICT DO NOTHING \
-           RETURNING reservation_id \
-         ), billed_without_job_id AS ( \
-           INSERT INTO usage_events \
-             (user_id, event_type, amount, job_id, reservation_id, occurred_at) \
-           SELECT user_id, event_type, reserved_amount, NULL, id, \
-                  coalesce(finalized_at, now()) \
-           FROM deleted \
-           WHERE completed AND id NOT IN (SELECT reservation_id FROM billed_with_job_id) \
-           ON CONFLICT DO NOTHING \
-           RETURNING reservation_id \
-         ), billed AS ( \
-           SELECT reservation_id FROM billed_with_job_id \
-           UNION ALL SELECT reservation_id FROM billed_without_job_id \
-         ) \
-         SELECT why, count(*), \
-                count(*) FILTER (WHERE id IN (SELECT reservation_id FROM billed)) \
-         FROM deleted GROUP BY why"
+        concat!(
+            "WITH doomed AS ( \
+               SELECT r.id, r.user_id, r.event_type, r.reserved_amount, r.job_id, \
+                      j.state = 'completed' AS completed, j.finalized_at, \
+                      CASE WHEN r.job_id IS NULL THEN 'expired' \
+                           WHEN j.id IS NULL THEN 'missing' ELSE 'final' END AS why \
+               FROM quota_reservations r LEFT JOIN fairlane_job j ON j.id = r.job_id \
+               WHERE r.id = ANY($2) AND ({orphaned}) \
+             ), deleted AS ( \
+               DELETE FROM quota_reservations r USING doomed d WHERE r.id = d.id \
+               RETURNING d.id, d.user_id, d.event_type, d.reserved_amount, d.job_id, \
+                         d.completed, d.finalized_at, d.why \
+             ), to_bill AS (SELECT * FROM deleted WHERE completed), ",
+            billing_ctes!("to_bill", "coalesce(finalized_at, now())"),
+            " SELECT why, count(*), \
+                    count(*) FILTER (WHERE id IN (SELECT reservation_id FROM billed)) \
+             FROM deleted GROUP BY why"
+        ),
+        orphaned = ORPHANED
     )))
     .bind(ttl.as_secs_f64())
     .bind(&candidates)
