@@ -47,12 +47,18 @@ impl QueueError {
     /// timeout), also when a hook or the gate met it. Anything else is the database refusing
     /// this particular work, and will refuse it again.
     pub fn is_transient(&self) -> bool {
-        let sqlx_error = match self {
+        self.database_error()
+            .is_some_and(|e| is_connection_error(e) || is_lost_conflict(e))
+    }
+
+    /// The database's error behind this one, if any: the queue's own statements', or a hook's or
+    /// gate's that came from the database.
+    pub fn database_error(&self) -> Option<&sqlx::Error> {
+        match self {
             QueueError::Database(e) => Some(e),
             QueueError::Hook(e) | QueueError::Gate(e) => e.downcast_ref::<sqlx::Error>(),
             _ => None,
-        };
-        sqlx_error.is_some_and(|e| is_connection_error(e) || is_lost_conflict(e))
+        }
     }
 }
 

@@ -321,32 +321,31 @@ fn kept_waiting(e: &sqlx::Error) -> bool {
 /// nothing is known: see the enqueue batch's and the admin writes' own answers.)
 impl From<sqlx::Error> for Problem {
     fn from(e: sqlx::Error) -> Self {
-        if kept_waiting(&e) {
-            tracing::warn!(error = %e, "a statement was cancelled for waiting too long");
-            Problem::database_busy()
-        } else if queue::error::is_connection_error(&e) {
-            tracing::warn!(error = %e, "the database could not be reached");
-            Problem::database_unavailable()
-        } else {
-            Problem::internal(&e)
-        }
+        database_problem(&e)
+    }
+}
+
+/// The answer to a database error: a lock held too long is `database_busy`, a lost connection
+/// `database_unavailable`, anything else a 500.
+fn database_problem(e: &sqlx::Error) -> Problem {
+    if kept_waiting(e) {
+        tracing::warn!(error = %e, "a statement was cancelled for waiting too long");
+        Problem::database_busy()
+    } else if queue::error::is_connection_error(e) {
+        tracing::warn!(error = %e, "the database could not be reached");
+        Problem::database_unavailable()
+    } else {
+        Problem::internal(e)
     }
 }
 
 impl From<queue::QueueError> for Problem {
     fn from(e: queue::QueueError) -> Self {
-        match e {
-            queue::QueueError::Database(e) => e.into(),
-            // A hook's own database error (the record or quota hook in a cancel) is answered as
-            // the database's: a lock held too long is `database_busy`, a lost connection
-            // `database_unavailable`, not a 500.
-            queue::QueueError::Hook(e) | queue::QueueError::Gate(e) => {
-                match e.downcast::<sqlx::Error>() {
-                    Ok(e) => (*e).into(),
-                    Err(e) => Problem::internal(&e),
-                }
-            }
-            e => Problem::internal(&e),
+        // A hook's own database error (the record or quota hook in a cancel) is answered as the
+        // database's, like the queue's statements' own.
+        match e.database_error() {
+            Some(database) => database_problem(database),
+            None => Problem::internal(&e),
         }
     }
 }
