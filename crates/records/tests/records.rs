@@ -72,6 +72,24 @@ async fn analysis(pool: &PgPool, user: Option<Uuid>, commit: Option<&str>, job: 
     .unwrap()
 }
 
+/// A specview record of `user` from `analysis`, filled by `job`, whose arguments name it.
+async fn specview(pool: &PgPool, user: Uuid, analysis: Uuid, job: i64) -> Uuid {
+    sqlx::query_scalar(
+        "WITH r AS (INSERT INTO specviews (user_id, analysis_id, job_id) \
+                    VALUES ($1, $2, $3) RETURNING id), \
+              j AS (UPDATE fairlane_job \
+                    SET args = args || jsonb_build_object('specview_id', (SELECT id FROM r)) \
+                    WHERE id = $3) \
+         SELECT id FROM r",
+    )
+    .bind(user)
+    .bind(analysis)
+    .bind(job)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
 /// Moves the job to `state` the way the queue does (with `metadata`/`errors` as given) and runs
 /// the hook in the same transaction.
 async fn finish(pool: &PgPool, job: i64, state: JobState, metadata: Value, errors: Value) {
@@ -539,27 +557,8 @@ async fn specview_records_follow_their_jobs() {
     let u = user(&db.pool).await;
     let analysis_job = running_job(&db.pool, "analysis", 3).await;
     let analysis_id = analysis(&db.pool, Some(u), Some(&sha(1)), analysis_job).await;
-    let insert_specview = |job: i64| {
-        let pool = db.pool.clone();
-        async move {
-            sqlx::query_scalar::<_, Uuid>(
-                "WITH r AS (INSERT INTO specviews (user_id, analysis_id, job_id) \
-                            VALUES ($1, $2, $3) RETURNING id), \
-                      j AS (UPDATE fairlane_job \
-                            SET args = args || jsonb_build_object('specview_id', (SELECT id FROM r)) \
-                            WHERE id = $3) \
-                 SELECT id FROM r",
-            )
-            .bind(u)
-            .bind(analysis_id)
-            .bind(job)
-            .fetch_one(&pool)
-            .await
-            .unwrap()
-        }
-    };
     let job = running_job(&db.pool, "specview", 3).await;
-    let id = insert_specview(job).await;
+    let id = specview(&db.pool, u, analysis_id, job).await;
     // The analysis is not completed yet: its result is not handed out.
     let claimed = specviews::claim(&db.pool, id, job).await.unwrap().unwrap();
     assert_eq!(claimed.analysis_state, WorkState::Pending);
@@ -619,7 +618,7 @@ async fn specview_records_follow_their_jobs() {
     );
 
     let job = running_job(&db.pool, "specview", 3).await;
-    let id = insert_specview(job).await;
+    let id = specview(&db.pool, u, analysis_id, job).await;
     specviews::claim(&db.pool, id, job).await.unwrap().unwrap();
     specviews::stage(&db.pool, id, job, &json!({}).to_string(), "# Spec\n")
         .await
@@ -645,7 +644,7 @@ async fn specview_records_follow_their_jobs() {
 
     // A specview completed without its Markdown is refused, like an analysis without a result.
     let job = running_job(&db.pool, "specview", 3).await;
-    let id = insert_specview(job).await;
+    let id = specview(&db.pool, u, analysis_id, job).await;
     specviews::claim(&db.pool, id, job).await.unwrap().unwrap();
     let refused = settle_completion(&db.pool, job, "specview").await;
     assert!(
@@ -827,20 +826,7 @@ async fn a_specview_of_another_users_analysis_is_refused() {
     let analysis_job = running_job(&db.pool, "analysis", 3).await;
     let analysis_id = analysis(&db.pool, Some(owner), Some(&sha(1)), analysis_job).await;
     let job = running_job(&db.pool, "specview", 3).await;
-    let id: Uuid = sqlx::query_scalar(
-        "WITH r AS (INSERT INTO specviews (user_id, analysis_id, job_id) \
-                    VALUES ($1, $2, $3) RETURNING id), \
-              j AS (UPDATE fairlane_job \
-                    SET args = args || jsonb_build_object('specview_id', (SELECT id FROM r)) \
-                    WHERE id = $3) \
-         SELECT id FROM r",
-    )
-    .bind(other)
-    .bind(analysis_id)
-    .bind(job)
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
+    let id = specview(&db.pool, other, analysis_id, job).await;
     let refused = specviews::claim(&db.pool, id, job).await.unwrap();
     assert_eq!(refused.unwrap_err(), Refusal::OtherUsersAnalysis);
     let state: WorkState = sqlx::query_scalar("SELECT state FROM specviews WHERE id = $1")
