@@ -15,7 +15,8 @@
 //!   their limit are skipped by the candidate query (their backlog never occupies a worker), each
 //!   remaining candidate's user is try-locked (a transaction-scoped advisory lock, one of
 //!   [`store::USER_LOCK_STRIPES`] per service, taken as the scan meets the user; a user another
-//!   fetch is admitting is left to the next fetch, never waited for) and re-counted, and only jobs within each user's limit start.
+//!   fetch is admitting is left to the next fetch, never waited for) and re-counted, and only
+//!   jobs within each user's limit start.
 //! - [`FairnessHook`] notifies the service's queues when a user's job leaves `running`, so that
 //!   user's next waiting job starts within milliseconds instead of after a snooze.
 //! - [`FairnessMiddleware`] is ADR-10's mechanism, kept for jobs that did not come through the

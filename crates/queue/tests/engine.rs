@@ -256,6 +256,19 @@ async fn a_job_snoozed_a_hundred_times_with_three_attempts_still_completes() {
 /// "Park it": a snooze of `Duration::MAX` is cut to `MAX_SNOOZE` and the job waits, on its last
 /// attempt too. Its end used to fail in PostgreSQL (a timestamp past the year 294276), which was
 /// recorded as a failed attempt and discarded the job.
+/// The job `id` once it has been snoozed (within 20 s).
+async fn snoozed_once(client: &Client, id: i64) -> queue::JobRow {
+    eventually(Duration::from_secs(20), "the job is snoozed", || async {
+        let j = client
+            .job(id)
+            .await
+            .expect("reading the job")
+            .expect("the job exists");
+        (j.snoozes() == 1).then_some(j)
+    })
+    .await
+}
+
 #[tokio::test]
 async fn an_endless_snooze_parks_the_job_instead_of_failing_it() {
     let db = TestDb::new().await;
@@ -270,11 +283,7 @@ async fn an_endless_snooze_parks_the_job_instead_of_failing_it() {
         .unwrap()
         .job;
     let engine = start(&client, fast_config(), &[("parked", 1)], workers);
-    let parked = eventually(Duration::from_secs(20), "the job is snoozed", || async {
-        let j = client.job(job.id).await.unwrap().unwrap();
-        (j.snoozes() == 1).then_some(j)
-    })
-    .await;
+    let parked = snoozed_once(&client, job.id).await;
     engine.stop().await;
     assert_eq!(parked.state, JobState::Scheduled);
     assert!(parked.attempt_errors().is_empty());
@@ -306,11 +315,7 @@ async fn an_endless_snooze_parks_the_job_instead_of_failing_it() {
             .build()
             .unwrap(),
     );
-    let parked = eventually(Duration::from_secs(20), "the job is snoozed", || async {
-        let j = client.job(job.id).await.unwrap().unwrap();
-        (j.snoozes() == 1).then_some(j)
-    })
-    .await;
+    let parked = snoozed_once(&client, job.id).await;
     engine.stop().await;
     assert_eq!(parked.state, JobState::Scheduled);
 }
