@@ -29,6 +29,9 @@ pub struct AnalysisSettings {
     /// Fetch from hosts that are or resolve to loopback, private, link-local … addresses
     /// (an internal git server; never on a shared deployment).
     pub analyzer_allow_private_hosts: bool,
+    /// The ports repositories are fetched from (`443, 8443`); any other port in a repository URL
+    /// is refused before anything connects (`web` reads the same variable).
+    pub analyzer_allowed_ports: String,
     /// Cap on a checkout folder's size in bytes (git objects plus work tree).
     pub analyzer_max_repo_bytes: u64,
     /// Cap on the number of files in the analysed commit.
@@ -53,6 +56,7 @@ impl Default for AnalysisSettings {
         AnalysisSettings {
             analyzer_allow_file_urls: false,
             analyzer_allow_private_hosts: false,
+            analyzer_allowed_ports: inventory::url_policy::HTTPS_DEFAULT_PORT.to_string(),
             analyzer_max_repo_bytes: limits.max_bytes,
             analyzer_max_files: limits.max_files,
             analyzer_max_file_bytes: limits.max_file_bytes,
@@ -95,6 +99,8 @@ impl AnalysisSettings {
                 ));
             }
         }
+        inventory::url_policy::parse_ports(&self.analyzer_allowed_ports)
+            .map_err(|e| format!("ANALYZER_ALLOWED_PORTS: {e}"))?;
         if !self.analyzer_work_dir.is_absolute() {
             return Err(format!(
                 "ANALYZER_WORK_DIR must be an absolute path, got `{}`",
@@ -109,6 +115,10 @@ impl AnalysisSettings {
         UrlPolicy {
             allow_file_urls: self.analyzer_allow_file_urls,
             allow_private_hosts: self.analyzer_allow_private_hosts,
+            // `validate` refuses a list that does not parse before the worker starts; were it
+            // skipped, the default (443 alone) is the narrower choice.
+            allowed_ports: inventory::url_policy::parse_ports(&self.analyzer_allowed_ports)
+                .unwrap_or_else(|_| UrlPolicy::default().allowed_ports),
             ..UrlPolicy::default()
         }
     }
@@ -151,6 +161,7 @@ mod tests {
         s.validate().unwrap();
         let policy = s.url_policy();
         assert!(!policy.allow_file_urls && !policy.allow_private_hosts);
+        assert_eq!(policy.allowed_ports, [443]);
         assert_eq!(s.analyzer_max_repo_bytes, 512 * 1024 * 1024);
         assert_eq!(s.analyzer_max_files, 100_000);
         assert_eq!(s.analyzer_max_git_memory_bytes, 1024 * 1024 * 1024);
@@ -166,6 +177,7 @@ mod tests {
             env(&[
                 ("ANALYZER_ALLOW_FILE_URLS", "true"),
                 ("ANALYZER_ALLOW_PRIVATE_HOSTS", "true"),
+                ("ANALYZER_ALLOWED_PORTS", "8443, 443"),
                 ("ANALYZER_MAX_REPO_BYTES", "1048576"),
                 ("ANALYZER_MAX_FILES", "500"),
                 ("ANALYZER_MAX_FILE_BYTES", "4096"),
@@ -179,6 +191,7 @@ mod tests {
         s.validate().unwrap();
         let policy = s.url_policy();
         assert!(policy.allow_file_urls && policy.allow_private_hosts);
+        assert_eq!(policy.allowed_ports, [443, 8443]);
         let limits = s.limits();
         assert_eq!(limits.max_bytes, 1_048_576);
         assert_eq!(limits.max_files, 500);
@@ -228,5 +241,10 @@ mod tests {
             bad(|s| s.analyzer_max_git_memory_bytes = 64 * 1024 * 1024 - 1),
             "ANALYZER_MAX_GIT_MEMORY_BYTES must be at least 67108864 (64 MiB): git cannot start with less"
         );
+        assert_eq!(
+            bad(|s| s.analyzer_allowed_ports = "443,ssh".to_owned()),
+            "ANALYZER_ALLOWED_PORTS: `ssh` is not a port (a number from 1 to 65535)"
+        );
+        assert!(bad(|s| s.analyzer_allowed_ports = String::new()).contains("no port"));
     }
 }

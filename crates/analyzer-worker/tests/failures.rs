@@ -316,6 +316,25 @@ async fn heavy_unfetchable_or_refused_repositories_fail_the_job_and_never_log_cr
     );
     assert!(!error.contains(secret));
 
+    // Another port of a public host, enqueued around the API: refused before git connects (its
+    // answer would tell whether the port is open).
+    let (analysis_id, _) = enqueue_behind_the_api(
+        &db,
+        user,
+        "https://git.example.com:6379/org/repo.git",
+        None,
+        &commit,
+    )
+    .await;
+    let settled = api
+        .wait_settled(&format!("/v1/analyses/{analysis_id}"), SETTLE)
+        .await;
+    assert_eq!(settled["state"], "failed", "{settled}");
+    assert_eq!(
+        settled["error"],
+        "refused by policy: port 6379 is not allowed; repositories are fetched from port 443 only"
+    );
+
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(i32::try_from(worker.id().unwrap()).unwrap()),
         nix::sys::signal::Signal::SIGTERM,
@@ -422,6 +441,7 @@ async fn heavy_disallowed_urls_are_refused_at_the_api_and_never_reach_a_worker()
         "https://[::1]/org/repo.git".to_owned(),
         "https://localhost/org/repo.git".to_owned(),
         "https://git.internal/org/repo.git".to_owned(),
+        "https://github.com:22/org/repo.git".to_owned(),
     ] {
         let r = api.analyse(&url, Some(&commit)).await;
         assert_eq!(r.status, 422, "{url}: {}", r.text());

@@ -6,7 +6,8 @@
 //! are kept in [`VettedUrl`] so the fetch can pin them and a second DNS answer cannot differ
 //! (DNS rebinding).
 //!
-//! Accepted: `https://host[:port]/path` with a public host; `file:///absolute/path` only when
+//! Accepted: `https://host[:port]/path` with a public host and a port of
+//! [`UrlPolicy::allowed_ports`] (443 alone by default); `file:///absolute/path` only when
 //! [`UrlPolicy::allow_file_urls`] is set. Refused: every other scheme (`http`, `ssh`, `git`,
 //! `ext`, …), scp-style `user@host:path`, any user info (`user@`, `user:pass@`), query strings
 //! and fragments, whitespace, control and non-ASCII characters, backslashes, over-long URLs,
@@ -49,16 +50,49 @@ pub struct UrlPolicy {
     pub max_url_len: usize,
     /// How long a DNS resolution may take.
     pub dns_timeout: Duration,
+    /// The ports an https URL may name (sorted, no duplicates; [`parse_ports`] makes such a
+    /// list). Only 443 by default: git's answer for another port of a public host (refused,
+    /// timed out, not TLS) would tell a caller which of its ports are open, making this service a
+    /// port scanner. A git server on another port is opted into by its port.
+    pub allowed_ports: Vec<u16>,
+}
+
+/// The port of an `https://` URL that names none.
+pub const HTTPS_DEFAULT_PORT: u16 = 443;
+
+/// A list of ports (`443, 8443`: separated by commas, spaces or both), sorted and without
+/// duplicates; an empty list, a port of 0 or anything that is not a port is an error naming it.
+pub fn parse_ports(text: &str) -> Result<Vec<u16>, String> {
+    let mut ports = Vec::new();
+    for entry in text.split([',', ' ', '\t']).filter(|e| !e.is_empty()) {
+        match entry.parse::<u16>() {
+            Ok(port) if port != 0 => ports.push(port),
+            _ => {
+                return Err(format!(
+                    "`{}` is not a port (a number from 1 to 65535)",
+                    entry.escape_debug()
+                ));
+            }
+        }
+    }
+    if ports.is_empty() {
+        return Err("no port is given (443 is the https default)".to_owned());
+    }
+    ports.sort_unstable();
+    ports.dedup();
+    Ok(ports)
 }
 
 impl Default for UrlPolicy {
-    /// Production defaults: https only, public hosts only, 2048 bytes, 5 s DNS timeout.
+    /// Production defaults: https only, port 443 only, public hosts only, 2048 bytes, 5 s DNS
+    /// timeout.
     fn default() -> Self {
         UrlPolicy {
             allow_file_urls: false,
             allow_private_hosts: false,
             max_url_len: 2048,
             dns_timeout: Duration::from_secs(5),
+            allowed_ports: vec![HTTPS_DEFAULT_PORT],
         }
     }
 }
@@ -153,7 +187,7 @@ impl RepoUrl {
     /// The port, explicit or the scheme's default (443); `None` for `file://`.
     pub fn port(&self) -> Option<u16> {
         match self.scheme {
-            Scheme::Https => Some(self.port.unwrap_or(443)),
+            Scheme::Https => Some(self.port.unwrap_or(HTTPS_DEFAULT_PORT)),
             Scheme::File => None,
         }
     }
@@ -397,6 +431,14 @@ pub enum UrlError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// A port the policy does not fetch from ([`UrlPolicy::allowed_ports`]).
+    #[error("port {port} is not allowed; repositories are fetched from {allowed} only")]
+    PortNotAllowed {
+        /// The port named.
+        port: u16,
+        /// The ports allowed, as a phrase (`port 443`, `ports 443 and 8443`).
+        allowed: String,
+    },
     /// A bad path.
     #[error("the repository URL's path is invalid: {reason}")]
     InvalidPath {
@@ -522,9 +564,10 @@ pub fn check_url(url: &str, policy: &UrlPolicy) -> Result<RepoUrl, UrlError> {
         return check_file_url(authority, path);
     }
     let (host, port) = parse_authority(authority)?;
+    check_port(port.unwrap_or(HTTPS_DEFAULT_PORT), policy)?;
     check_host(&host, policy)?;
     check_https_path(path)?;
-    let port = port.filter(|&p| p != 443);
+    let port = port.filter(|&p| p != HTTPS_DEFAULT_PORT);
     let port_text = port.map(|p| format!(":{p}")).unwrap_or_default();
     let path = normalize_https_path(path);
     Ok(RepoUrl {
@@ -535,6 +578,20 @@ pub fn check_url(url: &str, policy: &UrlPolicy) -> Result<RepoUrl, UrlError> {
         port,
         path,
     })
+}
+
+/// Refuses a port outside [`UrlPolicy::allowed_ports`].
+fn check_port(port: u16, policy: &UrlPolicy) -> Result<(), UrlError> {
+    if policy.allowed_ports.contains(&port) {
+        return Ok(());
+    }
+    let names: Vec<String> = policy.allowed_ports.iter().map(u16::to_string).collect();
+    let allowed = match names.as_slice() {
+        [] => "no port".to_owned(),
+        [one] => format!("port {one}"),
+        [first @ .., last] => format!("ports {} and {last}", first.join(", ")),
+    };
+    Err(UrlError::PortNotAllowed { port, allowed })
 }
 
 /// `path` (checked: it has a character other than `/`) with every run of `/` collapsed to one
@@ -948,12 +1005,89 @@ mod tests {
         UrlPolicy::default()
     }
 
+    /// The default policy that also fetches from port 8443.
+    fn also_8443() -> UrlPolicy {
+        UrlPolicy {
+            allowed_ports: vec![443, 8443],
+            ..UrlPolicy::default()
+        }
+    }
+
+    #[test]
+    fn only_the_allowed_ports_are_fetched_from() {
+        for url in [
+            "https://github.com:8443/o/r",
+            "https://github.com:22/o/r",
+            "https://github.com:80/o/r",
+            "https://93.184.216.34:6379/r.git",
+            "https://[2606:4700:4700::1111]:25/r.git",
+        ] {
+            match check_url(url, &strict()) {
+                Err(e @ UrlError::PortNotAllowed { .. }) => {
+                    assert_eq!(
+                        e.to_string().split_once("; ").map(|(_, rest)| rest),
+                        Some("repositories are fetched from port 443 only"),
+                        "{url}"
+                    );
+                }
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        check_url("https://github.com:443/o/r", &strict()).unwrap();
+        check_url("https://github.com:8443/o/r", &also_8443()).unwrap();
+        let e = check_url("https://github.com:22/o/r", &also_8443()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "port 22 is not allowed; repositories are fetched from ports 443 and 8443 only"
+        );
+        let three = UrlPolicy {
+            allowed_ports: vec![443, 8443, 9443],
+            ..UrlPolicy::default()
+        };
+        let e = check_url("https://github.com:1/o/r", &three).unwrap_err();
+        assert!(
+            e.to_string()
+                .ends_with("from ports 443, 8443 and 9443 only"),
+            "{e}"
+        );
+        // Only 8443: the default port is refused too, written or not.
+        let only_8443 = UrlPolicy {
+            allowed_ports: vec![8443],
+            ..UrlPolicy::default()
+        };
+        for url in ["https://github.com/o/r", "https://github.com:443/o/r"] {
+            assert!(
+                matches!(
+                    check_url(url, &only_8443),
+                    Err(UrlError::PortNotAllowed { port: 443, .. })
+                ),
+                "{url}"
+            );
+        }
+    }
+
+    #[test]
+    fn port_lists_parse_sorted_without_duplicates() {
+        assert_eq!(parse_ports("443"), Ok(vec![443]));
+        assert_eq!(
+            parse_ports("8443, 443,443  9418"),
+            Ok(vec![443, 8443, 9418])
+        );
+        for bad in ["", " , ", "0", "65536", "https", "443;8443", "-1", "44 3x"] {
+            let e = parse_ports(bad).unwrap_err();
+            assert!(
+                e.contains("not a port") || e.contains("no port is given"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
     #[test]
     fn accepts_https_and_normalises() {
         let url = check_url("HTTPS://GitHub.com/Owner/Repo.git", &strict()).unwrap();
         assert_eq!(url.as_str(), "https://github.com/Owner/Repo.git");
         assert_eq!(url.port(), Some(443));
-        let url = check_url("https://git.example.org:8443/a/b", &strict()).unwrap();
+        let url = check_url("https://git.example.org:8443/a/b", &also_8443()).unwrap();
         assert_eq!(url.as_str(), "https://git.example.org:8443/a/b");
         assert_eq!(url.port(), Some(8443));
         let url = check_url("https://[2606:4700:4700::1111]/r.git", &strict()).unwrap();
@@ -967,12 +1101,12 @@ mod tests {
     }
 
     fn key(url: &str) -> String {
-        check_url(url, &strict()).unwrap().cache_key().to_owned()
+        check_url(url, &also_8443()).unwrap().cache_key().to_owned()
     }
 
     #[test]
     fn normalises_default_port_slashes_and_keeps_the_path_verbatim() {
-        let n = |url: &str| check_url(url, &strict()).unwrap().as_str().to_owned();
+        let n = |url: &str| check_url(url, &also_8443()).unwrap().as_str().to_owned();
         assert_eq!(n("https://github.com:443/o/r"), "https://github.com/o/r");
         assert_eq!(
             check_url("https://github.com:443/o/r", &strict())

@@ -34,6 +34,8 @@ pub struct WebConfig {
     /// Accept hosts that are or resolve to loopback, private, link-local … addresses (an
     /// internal git server; the analyzer reads the same variable).
     pub analyzer_allow_private_hosts: bool,
+    /// The ports a repository URL may name (`443, 8443`); the analyzer reads the same variable.
+    pub analyzer_allowed_ports: String,
     /// Longest time one request may take before it is answered with 503 and rolled back.
     #[serde(with = "humantime_serde")]
     pub http_request_timeout: Duration,
@@ -95,6 +97,7 @@ impl Default for WebConfig {
             ratelimit_deadline: Duration::from_millis(20),
             analyzer_allow_file_urls: false,
             analyzer_allow_private_hosts: false,
+            analyzer_allowed_ports: inventory::url_policy::HTTPS_DEFAULT_PORT.to_string(),
             http_request_timeout: Duration::from_secs(30),
             database_lock_timeout: Duration::from_secs(5),
             http_body_limit: 16 * 1024,
@@ -188,6 +191,7 @@ impl WebConfig {
             ));
         }
         self.trusted_proxies()?;
+        self.allowed_ports()?;
         if self.http_body_limit == 0 {
             return Err("HTTP_BODY_LIMIT must be at least 1 byte".to_owned());
         }
@@ -230,6 +234,12 @@ impl WebConfig {
     pub fn trusted_proxies(&self) -> Result<crate::client_addr::TrustedProxies, String> {
         crate::client_addr::TrustedProxies::parse(&self.http_trusted_proxies)
             .map_err(|e| format!("HTTP_TRUSTED_PROXIES: {e}"))
+    }
+
+    /// `ANALYZER_ALLOWED_PORTS`, parsed; the error names the variable and the entry.
+    pub fn allowed_ports(&self) -> Result<Vec<u16>, String> {
+        inventory::url_policy::parse_ports(&self.analyzer_allowed_ports)
+            .map_err(|e| format!("ANALYZER_ALLOWED_PORTS: {e}"))
     }
 
     /// Refuses a pool of no connections (sqlx panics on one).
@@ -303,6 +313,7 @@ mod tests {
         assert_eq!(c.redis_url, None);
         assert!(!c.analyzer_allow_file_urls);
         assert!(!c.analyzer_allow_private_hosts);
+        assert_eq!(c.allowed_ports(), Ok(vec![443]));
         assert_eq!(c.quota, quota::QuotaConfig::default());
         assert_eq!(c.telemetry.otel_service_name, "fairlane-web");
     }
@@ -319,6 +330,7 @@ mod tests {
                 ("RATELIMIT_RULES", "/etc/rules.yaml"),
                 ("ANALYZER_ALLOW_FILE_URLS", "true"),
                 ("ANALYZER_ALLOW_PRIVATE_HOSTS", "true"),
+                ("ANALYZER_ALLOWED_PORTS", "443 8443"),
                 ("HTTP_REQUEST_TIMEOUT", "5s"),
                 ("QUOTA_ANALYSIS_ENTERPRISE_LIMIT", "7"),
                 ("QUOTA_RESERVATION_TTL", "2h"),
@@ -333,6 +345,7 @@ mod tests {
         assert_eq!(c.ratelimit_rules, "/etc/rules.yaml");
         assert!(c.analyzer_allow_file_urls);
         assert!(c.analyzer_allow_private_hosts);
+        assert_eq!(c.allowed_ports(), Ok(vec![443, 8443]));
         assert_eq!(c.http_request_timeout, Duration::from_secs(5));
         assert_eq!(c.quota.quota_analysis_enterprise_limit, 7);
         assert_eq!(c.quota.quota_reservation_ttl, Duration::from_secs(7200));
@@ -359,6 +372,10 @@ mod tests {
             );
             assert!(!e.contains("s3cret"), "the URL's password is repeated: {e}");
         }
+        assert_eq!(
+            refused("ANALYZER_ALLOWED_PORTS", "443,0"),
+            "ANALYZER_ALLOWED_PORTS: `0` is not a port (a number from 1 to 65535)"
+        );
         for addr in ["garbage", ":8080", "0.0.0.0:http", "0.0.0.0:70000"] {
             let e = refused("HTTP_ADDR", addr);
             assert!(e.starts_with("HTTP_ADDR must be host:port"), "{addr}: {e}");

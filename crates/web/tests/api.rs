@@ -374,6 +374,11 @@ async fn bad_input_is_a_helpful_4xx_and_writes_nothing() {
         ("http://localhost/x", "`http` scheme is not allowed"),
         ("https://localhost/x", "internal name"),
         ("https://10.0.0.1/x", "private"),
+        // Another port of a public host: git's answer would tell which ports are open.
+        (
+            "https://github.com:22/a/b",
+            "port 22 is not allowed; repositories are fetched from port 443 only",
+        ),
         ("git@github.com:a/b.git", "scp-style"),
         ("garbage", "no scheme"),
         ("not a url at all", "whitespace"),

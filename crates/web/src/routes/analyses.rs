@@ -23,7 +23,8 @@ use crate::state::AppState;
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateAnalysis {
-    /// The repository: `https://host/owner/repository` (public hosts only).
+    /// The repository: `https://host/owner/repository` (public hosts only, port 443 unless the
+    /// service allows others: `ANALYZER_ALLOWED_PORTS`).
     #[schema(example = "https://github.com/rust-lang/log.git")]
     pub repository: String,
     /// Branch, tag or full commit id; omitted or `null`: the default branch.
