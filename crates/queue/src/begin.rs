@@ -12,17 +12,16 @@
 //! success and was never committed, and held its row locks until the session ended. Here the
 //! `BEGIN` runs in a task of its own, which sees it through whatever happens to the caller; a
 //! transaction nobody is left to receive is dropped there, after the count, so its `ROLLBACK` is
-//! sent before the connection is pooled again. The task also waits for the connection, so a
-//! caller that gives up while the pool has none free still takes one, for a `BEGIN` and a
-//! `ROLLBACK`, when one frees: sqlx offers no public way to begin on a connection the caller
-//! acquired and still hand back an owned transaction.
+//! sent before the connection is pooled again. The caller waits for the connection itself: a
+//! caller that gives up while the pool has none free takes none (a dropped `acquire` is
+//! harmless), and only one already holding a connection sees its `BEGIN` through.
 
-use sqlx::{PgPool, Postgres, Transaction};
+use sqlx::{PgPool, Postgres, SqlSafeStr, Transaction};
 
 /// `BEGIN` on a connection of `pool`, seen through even if the caller's future is dropped.
 pub async fn begin(pool: &PgPool) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
-    let pool = pool.clone();
-    see_through(async move { pool.begin().await }).await
+    let connection = pool.acquire().await?;
+    see_through(async move { Transaction::begin(connection, None).await }).await
 }
 
 /// [`begin`] with `statement` in place of a plain `BEGIN` (settings sent with it, as
@@ -31,8 +30,9 @@ pub async fn begin_with(
     pool: &PgPool,
     statement: &'static str,
 ) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
-    let pool = pool.clone();
-    see_through(async move { pool.begin_with(statement).await }).await
+    let connection = pool.acquire().await?;
+    see_through(async move { Transaction::begin(connection, Some(statement.into_sql_str())).await })
+        .await
 }
 
 /// Runs `begin` in a task of its own and waits for it.
@@ -57,8 +57,33 @@ mod tests {
     use sqlx::postgres::PgPoolOptions;
     use testkit::TestDb;
 
-    /// A `BEGIN` the server answers slowly, so a caller's timeout falls inside it.
-    const SLOW_BEGIN: &str = "BEGIN; SELECT pg_sleep(0.3)";
+    /// A `BEGIN` the server answers slowly, so a caller can give up inside it.
+    const SLOW_BEGIN: &str = "BEGIN; SELECT pg_sleep(1)";
+
+    /// Drives `begin` until the server is running [`SLOW_BEGIN`] (seen from another session),
+    /// then drops it: the caller gives up midway, whatever the machine's speed. `false` if the
+    /// `BEGIN` ended first.
+    async fn give_up_midway<T>(db: &TestDb, begin: impl Future<Output = T>) -> bool {
+        let running = async {
+            loop {
+                let active: i64 = sqlx::query_scalar(
+                    "SELECT count(*) FROM pg_stat_activity WHERE query = $1 AND state = 'active'",
+                )
+                .bind(SLOW_BEGIN)
+                .fetch_one(&db.pool)
+                .await
+                .expect("pg_stat_activity");
+                if active > 0 {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        tokio::select! {
+            _ = begin => false,
+            () = running => true,
+        }
+    }
 
     /// A caller gives up during a slow `BEGIN`; then an autocommit insert runs on the pool's
     /// only connection. `Ok` if another session sees the row (the insert was committed).
@@ -74,16 +99,9 @@ mod tests {
             .await
             .unwrap();
         let gave_up = if abandoned_begin_via_helper {
-            tokio::time::timeout(
-                Duration::from_millis(50),
-                super::begin_with(&pool, SLOW_BEGIN),
-            )
-            .await
-            .is_err()
+            give_up_midway(&db, super::begin_with(&pool, SLOW_BEGIN)).await
         } else {
-            tokio::time::timeout(Duration::from_millis(50), pool.begin_with(SLOW_BEGIN))
-                .await
-                .is_err()
+            give_up_midway(&db, pool.begin_with(SLOW_BEGIN)).await
         };
         assert!(gave_up, "the caller gave up during the BEGIN");
         sqlx::query("INSERT INTO probe VALUES (1)")
@@ -144,6 +162,54 @@ mod tests {
     #[tokio::test]
     async fn a_begin_given_up_midway_leaves_no_transaction_on_the_pooled_connection() {
         assert!(insert_after_an_abandoned_begin(true).await);
+    }
+
+    /// A `BEGIN` that leaves a trace no rollback undoes.
+    const COUNTED_BEGIN: &str = "BEGIN; SELECT nextval('begun')";
+
+    /// A caller who gives up while every connection is taken leaves nothing behind: when one
+    /// frees, no `BEGIN` of theirs runs on it (the sequence its statement would advance stays
+    /// untouched), and the next caller in line gets it.
+    #[tokio::test]
+    async fn a_caller_who_gives_up_waiting_for_a_connection_takes_none() {
+        let db = TestDb::new().await;
+        sqlx::query("CREATE SEQUENCE begun")
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .connect_with(db.pool.connect_options().as_ref().clone())
+            .await
+            .unwrap();
+        let held = pool.acquire().await.unwrap();
+        let gave_up = tokio::time::timeout(
+            Duration::from_millis(200),
+            super::begin_with(&pool, COUNTED_BEGIN),
+        )
+        .await
+        .is_err();
+        assert!(gave_up, "the only connection was held");
+        drop(held);
+        // The pool hands connections out in turn: a waiter left behind would get it first and
+        // run its `BEGIN` before this acquire returns.
+        let mut next = pool.acquire().await.unwrap();
+        let begun: bool = sqlx::query_scalar("SELECT is_called FROM begun")
+            .fetch_one(&mut *next)
+            .await
+            .unwrap();
+        assert!(
+            !begun,
+            "an abandoned caller's BEGIN ran when the connection freed"
+        );
+        // The helper itself still begins, on the same connection once it is back.
+        drop(next);
+        let mut tx = super::begin_with(&pool, COUNTED_BEGIN).await.unwrap();
+        let value: i64 = sqlx::query_scalar("SELECT last_value FROM begun")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        assert_eq!(value, 1);
     }
 
     /// The defect [`super::begin`] works around, so the workaround can go when sqlx fixes it:
