@@ -215,12 +215,31 @@ async fn wait_for_replicas(db: &TestDb, n: i64) {
     }
 }
 
+/// Waits until job `id` is running.
+async fn wait_running(db: &TestDb, id: i64, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let running: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM fairlane_job WHERE id = $1 AND state = 'running'",
+        )
+        .bind(id)
+        .fetch_one(&db.pool)
+        .await
+        .expect("job state");
+        if running == 1 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "job {id} never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_freed_slot_is_reused_within_a_second_across_replicas() {
     let db = TestDb::new().await;
     let free = user(&db, "free").await;
     let mut workers: Vec<_> = (0..3).map(|i| spawn(&db, &format!("aw{i}"), &[])).collect();
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_for_replicas(&db, 3).await;
     let ids = enqueue(&db, "analysis_default", Some(free), 1000, 2).await;
     wait_completed(&db, &ids, Duration::from_secs(30)).await;
     stop_all(&mut workers).await;
@@ -239,7 +258,7 @@ async fn heavy_backlog_of_ten_thousand_does_not_delay_another_user() {
     let b = user(&db, "free").await;
     enqueue(&db, "analysis_default", Some(a), 200, 10_000).await;
     let mut workers = vec![spawn(&db, "aw", &[])];
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    wait_for_replicas(&db, 1).await;
     let submitted = Utc::now();
     let mine = enqueue(&db, "analysis_default", Some(b), 10, 1).await;
     wait_completed(&db, &mine, Duration::from_secs(10)).await;
@@ -267,24 +286,11 @@ async fn heavy_a_killed_replica_gives_back_its_slot_within_the_rescue_time() {
     let mut victim = spawn(&db, "victim", &[]);
     let first = enqueue(&db, "analysis_default", Some(free), 60_000, 1).await;
     // Wait until the victim runs it.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let running: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM fairlane_job WHERE id = $1 AND state = 'running'",
-        )
-        .bind(first[0])
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-        if running == 1 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "first job never started");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_running(&db, first[0], Duration::from_secs(20)).await;
     let mut survivor = spawn(&db, "survivor", &[]);
     let next = enqueue(&db, "analysis_default", Some(free), 100, 3).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The survivor is up before the kill, so its start-up is not counted in the restart.
+    wait_for_replicas(&db, 2).await;
     victim.kill_9().await;
     let killed = Utc::now();
     wait_completed(&db, &next, Duration::from_secs(30)).await;
@@ -308,7 +314,7 @@ async fn without_the_gate_jobs_snooze_twenty_times_and_still_complete() {
         spawn(&db, "aw1", &[("FAIRNESS_FETCH_GATE", "false")]),
     ];
     let long = enqueue(&db, "analysis_default", Some(free), 4000, 1).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_running(&db, long[0], Duration::from_secs(20)).await;
     let snoozer = enqueue(&db, "analysis_default", Some(free), 10, 1).await;
     let both: Vec<i64> = long.iter().chain(&snoozer).copied().collect();
     wait_completed(&db, &both, Duration::from_secs(40)).await;

@@ -23,9 +23,13 @@ fn memory_backend() -> Arc<dyn Backend> {
     ))
 }
 
+/// No reloads, and a deadline no healthy Redis misses even on a loaded machine (a first call
+/// connects and loads the script): these tests are about decisions, not the deadline, which
+/// `redis_failover.rs` covers, so a `Fallback` here is a failure.
 fn static_config() -> LimiterConfig {
     LimiterConfig {
         reload_interval: None,
+        deadline: Duration::from_secs(2),
         ..LimiterConfig::default()
     }
 }

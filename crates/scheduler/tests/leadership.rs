@@ -158,7 +158,7 @@ async fn after_sigterm_of_the_leader_the_other_acts_within_two_seconds() {
     let acted_at = first_claim_after(&db, &id_b, signalled_at).await;
     let took = (acted_at - signalled_at).to_std().unwrap();
     eprintln!("SIGTERM: the standby acted {took:?} after the leader was told to stop");
-    assert!(took <= Duration::from_secs(2), "took {took:?}");
+    assert!(took <= Duration::from_secs(2) + SLACK, "took {took:?}");
     let status = tokio::time::timeout(Duration::from_secs(20), a.child.wait())
         .await
         .expect("the old leader exits");
@@ -168,7 +168,7 @@ async fn after_sigterm_of_the_leader_the_other_acts_within_two_seconds() {
             .fetch_one(&db.pool)
             .await
             .unwrap();
-    assert!((elected_at - signalled_at).to_std().unwrap() <= Duration::from_secs(2));
+    assert!((elected_at - signalled_at).to_std().unwrap() <= Duration::from_secs(2) + SLACK);
     assert_eq!(
         current_leader(&db.pool).await.as_deref(),
         Some(id_b.as_str())
@@ -218,8 +218,9 @@ async fn a_paused_leader_stops_acting_once_its_lease_is_gone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scheduler_started_before_the_migrations_waits_for_them() {
-    // An empty database, not cloned from the migrated template.
-    let name = format!("fairlane_test_{}", uuid::Uuid::new_v4().simple());
+    // An empty database, not cloned from the migrated template. Named like testkit's (a v7 id
+    // is this run's: `cargo xtask` drops leftover test databases by their id's age).
+    let name = format!("fairlane_test_{}", uuid::Uuid::now_v7().simple());
     let server: sqlx::postgres::PgConnectOptions = testkit::database_url().parse().unwrap();
     let admin = sqlx::PgPool::connect_with(server.clone()).await.unwrap();
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
