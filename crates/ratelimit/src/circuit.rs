@@ -118,19 +118,20 @@ mod tests {
 
     #[test]
     fn opens_after_threshold_then_probes_after_cooldown() {
-        let breaker = CircuitBreaker::new(3, Duration::from_millis(30));
+        // A cooldown no pause of a loaded machine between two lines outlasts.
+        let breaker = CircuitBreaker::new(3, Duration::from_millis(500));
         assert_eq!(breaker.admit(), Admission::Call);
         assert_eq!(breaker.record_failure(), Transition::None);
         assert_eq!(breaker.record_failure(), Transition::None);
         assert_eq!(breaker.record_failure(), Transition::Opened);
         assert_eq!(breaker.admit(), Admission::Skip);
-        std::thread::sleep(Duration::from_millis(40));
+        std::thread::sleep(Duration::from_millis(550));
         assert_eq!(breaker.admit(), Admission::Probe);
         // Only one probe at a time.
         assert_eq!(breaker.admit(), Admission::Skip);
         assert_eq!(breaker.record_failure(), Transition::Opened);
         assert_eq!(breaker.admit(), Admission::Skip);
-        std::thread::sleep(Duration::from_millis(40));
+        std::thread::sleep(Duration::from_millis(550));
         assert_eq!(breaker.admit(), Admission::Probe);
         assert_eq!(breaker.record_success(), Transition::Closed);
         assert_eq!(breaker.admit(), Admission::Call);

@@ -482,8 +482,11 @@ async fn the_shipped_rules_run_end_to_end_on_redis() {
 }
 
 /// A remote backend that denies every request for a minute, each answer held back until the
-/// test lets one through.
-struct GatedDenier(tokio::sync::Semaphore);
+/// test lets one through; `entered` is told when a decision starts.
+struct GatedDenier {
+    gate: tokio::sync::Semaphore,
+    entered: tokio::sync::Notify,
+}
 
 #[async_trait::async_trait]
 impl Backend for GatedDenier {
@@ -492,7 +495,8 @@ impl Backend for GatedDenier {
         _counter_key: &str,
         _policy: &ratelimit::Policy,
     ) -> Result<ratelimit::BackendDecision, ratelimit::BackendError> {
-        self.0.acquire().await.expect("open").forget();
+        self.entered.notify_one();
+        self.gate.acquire().await.expect("open").forget();
         Ok(ratelimit::BackendDecision {
             verdict: ratelimit::Verdict {
                 allowed: false,
@@ -517,7 +521,10 @@ async fn a_denial_decided_under_the_old_rules_is_not_cached_after_a_reload() {
     let dir = temp_dir("deny-reload");
     let path = dir.join("rules.yaml");
     write(&path, &rules_with_limit(2));
-    let backend = Arc::new(GatedDenier(tokio::sync::Semaphore::new(0)));
+    let backend = Arc::new(GatedDenier {
+        gate: tokio::sync::Semaphore::new(0),
+        entered: tokio::sync::Notify::new(),
+    });
     let config = LimiterConfig {
         deadline: Duration::from_secs(30),
         ..static_config()
@@ -528,10 +535,11 @@ async fn a_denial_decided_under_the_old_rules_is_not_cached_after_a_reload() {
         let limiter = Arc::clone(&limiter);
         async move { limiter.check(&user("r")).await }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The check is with the backend, under the old rules, before they change.
+    backend.entered.notified().await;
     write(&path, &rules_with_limit(1000));
     assert!(limiter.reload_now().expect("valid"));
-    backend.0.add_permits(2);
+    backend.gate.add_permits(2);
     let old = in_flight.await.expect("check");
     assert_eq!(
         (old.allowed, old.limits[0].source),

@@ -2,7 +2,8 @@
 //! discarded, cancelled and deleted jobs are removed, as is a reservation that never got a job
 //! once past `QUOTA_RESERVATION_TTL`; the reservation of a live job (snoozed, retrying, running,
 //! waiting) is kept however far past the TTL. Orphans are counted in the tick's result and in
-//! `fairlane_scheduler_orphan_reservations_total`, also when the tick's result cannot be written.
+//! `fairlane_scheduler_orphan_reservations_total`; a tick whose result cannot be written still
+//! returns what it removed (the count the metric is fed from).
 
 #![allow(clippy::unwrap_used)]
 

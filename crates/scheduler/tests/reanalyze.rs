@@ -378,14 +378,27 @@ async fn a_lease_that_lapsed_during_the_transaction_fences_the_claim() {
     let db = TestDb::new().await;
     sqlx::query(
         "INSERT INTO fairlane_leader (name, leader_id, expires_at) \
-         VALUES ('scheduler', 'me', clock_timestamp() + interval '300 milliseconds')",
+         VALUES ('scheduler', 'me', clock_timestamp() + interval '2 seconds')",
     )
     .execute(&db.pool)
     .await
     .unwrap();
-    let store = TickStore::new(db.pool.clone(), "me", Duration::from_secs(5));
+    // A TTL whose third (the transaction's idle limit) outlasts the wait below.
+    let store = TickStore::new(db.pool.clone(), "me", Duration::from_secs(15));
     let mut tx = store.begin().await.unwrap();
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // The transaction began under the lease (`now()` is its start)…
+    let began_leading: bool = sqlx::query_scalar(
+        "SELECT now() < expires_at FROM fairlane_leader WHERE name = 'scheduler'",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    assert!(
+        began_leading,
+        "the lease lapsed before the transaction began"
+    );
+    // …which lapses before the claim.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(
         store
             .claim(&mut tx, "reanalyze", tick("2026-11-24T10:00:00Z"))

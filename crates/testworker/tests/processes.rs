@@ -180,8 +180,10 @@ async fn jobs_of_a_killed_worker_complete_on_another_within_the_rescue_time() {
         c.max_rescue_delay()
     };
     let mut victim = spawn_worker(&db, "victim", "q:3", &config);
+    // Long enough that the victim cannot finish them before it is killed, however slowly the
+    // survivor starts.
     let ids: Vec<i64> = client
-        .insert_many((0..3).map(|_| record(1500, false)).collect())
+        .insert_many((0..3).map(|_| record(10_000, false)).collect())
         .await
         .unwrap()
         .into_iter()
@@ -194,7 +196,12 @@ async fn jobs_of_a_killed_worker_complete_on_another_within_the_rescue_time() {
     )
     .await;
     let mut survivor = spawn_worker(&db, "survivor", "q:3", &config);
-    tokio::time::sleep(Duration::from_millis(500)).await; // survivor registered and heartbeating
+    wait_for(
+        Duration::from_secs(20),
+        "the survivor registered",
+        || async { count(&db, "SELECT count(*) FROM fairlane_worker").await == 2 },
+    )
+    .await;
     victim.kill_9().await;
     let killed_at = chrono::Utc::now();
 

@@ -318,8 +318,12 @@ fn a_second_sigint_while_the_services_drain_kills_them_at_once() {
     let stopping = Instant::now();
     let pid = dev.pid().to_string();
     kill(&pid, "INT");
-    // The services ignore the SIGTERM dev sends them; a second Ctrl-C must not wait 40 s.
-    std::thread::sleep(Duration::from_millis(500));
+    // The services ignore the SIGTERM dev sends them; a second Ctrl-C must not wait 40 s. It is
+    // sent once dev has taken the first (two signals sent before it looks are one).
+    read_until(
+        dev.child().stderr.as_mut().unwrap(),
+        "stopping every service",
+    );
     kill(&pid, "INT");
     let output = dev.finish_within(Duration::from_secs(30));
     let stderr = String::from_utf8_lossy(&output.stderr);
