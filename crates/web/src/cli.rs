@@ -95,10 +95,15 @@ pub async fn run_admin(config: &WebConfig, command: AdminCommand) -> anyhow::Res
 
 /// Applies the migrations.
 pub async fn run_migrate(config: &WebConfig) -> anyhow::Result<()> {
-    let pool = crate::migration_pool(config)?;
-    schema::migrate(&pool).await.context("migrating")?;
+    config
+        .check_migration()
+        .map_err(anyhow::Error::msg)
+        .context("invalid configuration")?;
+    let options = crate::migration_options(config)?;
+    schema::migrate_patiently(&options, config.migration_patience())
+        .await
+        .context("migrating")?;
     tracing::info!("migrations applied");
-    pool.close().await;
     Ok(())
 }
 

@@ -72,6 +72,16 @@ pub struct WebConfig {
     /// Enqueue transactions running at once, each for its own share of the users (each with a
     /// connection of its own on the batch thread, outside `database_max_connections`).
     pub enqueue_batch_concurrency: usize,
+    /// `web migrate`: the longest one attempt of a migration waits for a lock, and the pause
+    /// before the next. A migration waiting for a table holds up every later statement on it
+    /// (job fetches, completions, enqueues), so it gives up and tries again rather than wait
+    /// behind a long transaction.
+    #[serde(with = "humantime_serde")]
+    pub migration_lock_timeout: Duration,
+    /// `web migrate`: how long it goes on trying a migration that cannot take its locks before
+    /// it fails (exit 1, that migration not applied).
+    #[serde(with = "humantime_serde")]
+    pub migration_give_up_after: Duration,
     /// `QUOTA_*` settings.
     #[serde(flatten)]
     pub quota: quota::QuotaConfig,
@@ -109,6 +119,8 @@ impl Default for WebConfig {
             resolve_concurrency_per_user: 2,
             enqueue_batch_max: 64,
             enqueue_batch_concurrency: 1,
+            migration_lock_timeout: Duration::from_secs(5),
+            migration_give_up_after: Duration::from_secs(600),
             quota: quota::QuotaConfig::default(),
             telemetry: web_telemetry(),
         }
@@ -192,6 +204,7 @@ impl WebConfig {
         }
         self.trusted_proxies()?;
         self.allowed_ports()?;
+        self.check_migration()?;
         if self.http_body_limit == 0 {
             return Err("HTTP_BODY_LIMIT must be at least 1 byte".to_owned());
         }
@@ -234,6 +247,36 @@ impl WebConfig {
     pub fn trusted_proxies(&self) -> Result<crate::client_addr::TrustedProxies, String> {
         crate::client_addr::TrustedProxies::parse(&self.http_trusted_proxies)
             .map_err(|e| format!("HTTP_TRUSTED_PROXIES: {e}"))
+    }
+
+    /// Checks the settings of `web migrate`, naming the variable: both durations are longer
+    /// than zero, and a lock may be waited for at least once before giving up.
+    pub fn check_migration(&self) -> Result<(), String> {
+        for (name, d) in [
+            ("MIGRATION_LOCK_TIMEOUT", self.migration_lock_timeout),
+            ("MIGRATION_GIVE_UP_AFTER", self.migration_give_up_after),
+        ] {
+            if d.is_zero() {
+                return Err(format!("{name} must be longer than zero"));
+            }
+        }
+        if self.migration_give_up_after < self.migration_lock_timeout {
+            return Err(format!(
+                "MIGRATION_GIVE_UP_AFTER ({:?}) must be at least MIGRATION_LOCK_TIMEOUT ({:?})",
+                self.migration_give_up_after, self.migration_lock_timeout
+            ));
+        }
+        Ok(())
+    }
+
+    /// How `web migrate` waits for locks: attempts of `MIGRATION_LOCK_TIMEOUT`, as long a pause
+    /// between them, for up to `MIGRATION_GIVE_UP_AFTER`.
+    pub fn migration_patience(&self) -> schema::LockPatience {
+        schema::LockPatience {
+            lock_timeout: self.migration_lock_timeout,
+            give_up_after: self.migration_give_up_after,
+            pause: self.migration_lock_timeout,
+        }
     }
 
     /// `ANALYZER_ALLOWED_PORTS`, parsed; the error names the variable and the entry.
@@ -314,6 +357,14 @@ mod tests {
         assert!(!c.analyzer_allow_file_urls);
         assert!(!c.analyzer_allow_private_hosts);
         assert_eq!(c.allowed_ports(), Ok(vec![443]));
+        assert_eq!(
+            c.migration_patience(),
+            schema::LockPatience {
+                lock_timeout: Duration::from_secs(5),
+                give_up_after: Duration::from_secs(600),
+                pause: Duration::from_secs(5),
+            }
+        );
         assert_eq!(c.quota, quota::QuotaConfig::default());
         assert_eq!(c.telemetry.otel_service_name, "fairlane-web");
     }
@@ -372,6 +423,14 @@ mod tests {
             );
             assert!(!e.contains("s3cret"), "the URL's password is repeated: {e}");
         }
+        assert_eq!(
+            refused("MIGRATION_LOCK_TIMEOUT", "0s"),
+            "MIGRATION_LOCK_TIMEOUT must be longer than zero"
+        );
+        assert_eq!(
+            refused("MIGRATION_GIVE_UP_AFTER", "1s"),
+            "MIGRATION_GIVE_UP_AFTER (1s) must be at least MIGRATION_LOCK_TIMEOUT (5s)"
+        );
         assert_eq!(
             refused("ANALYZER_ALLOWED_PORTS", "443,0"),
             "ANALYZER_ALLOWED_PORTS: `0` is not a port (a number from 1 to 65535)"

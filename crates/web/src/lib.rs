@@ -126,8 +126,7 @@ pub fn pool(config: &WebConfig) -> anyhow::Result<PgPool> {
 }
 
 /// The connect options of `config`'s database, with only the queue's session settings
-/// ([`queue::config::session_settings`]) and no timeouts: migrations may wait on locks and run
-/// long.
+/// ([`queue::config::session_settings`]) and no timeouts: each caller sets its own.
 fn connect_options(config: &WebConfig) -> anyhow::Result<PgConnectOptions> {
     config.check_connections().map_err(anyhow::Error::msg)?;
     let options = config
@@ -137,12 +136,10 @@ fn connect_options(config: &WebConfig) -> anyhow::Result<PgConnectOptions> {
     Ok(queue::config::session_settings(options))
 }
 
-/// A pool for migrations: the server's defaults but READ COMMITTED, no lock or statement timeout.
-pub fn migration_pool(config: &WebConfig) -> anyhow::Result<PgPool> {
-    Ok(PgPoolOptions::new()
-        .max_connections(1)
-        .acquire_timeout(Duration::from_secs(10))
-        .connect_lazy_with(connect_options(config)?))
+/// The connect options `web migrate` uses: the server's defaults but READ COMMITTED; the lock
+/// timeout of each attempt is `MIGRATION_LOCK_TIMEOUT` ([`schema::migrate_patiently`]).
+pub fn migration_options(config: &WebConfig) -> anyhow::Result<PgConnectOptions> {
+    connect_options(config)
 }
 
 /// The address-space cap of the `git ls-remote` that resolves a branch or tag.

@@ -11,7 +11,9 @@ async fn connections_are_read_committed_whatever_the_databases_default() {
         let config = support::config(db);
         vec![
             web::pool(&config).unwrap(),
-            web::migration_pool(&config).unwrap(),
+            sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .connect_lazy_with(web::migration_options(&config).unwrap()),
         ]
     })
     .await;
