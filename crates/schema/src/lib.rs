@@ -22,14 +22,14 @@ pub enum SchemaError {
     )]
     Behind { missing: usize, expected: usize },
     #[error(
-        "a migration could not take its locks in {attempts} attempts over {waited:?} (each waited \
-         {lock_timeout:?}); a long transaction holds a table it changes: end it, or run \
-         `web migrate` again when the database is quieter ({last})"
+        "gave up applying migrations after {attempts} attempts over {waited:?}, the last failing \
+         with: {last}. A lock wait cut short (lock_timeout) means a long transaction, or another \
+         `web migrate`, holds a table a migration changes: end it, or run `web migrate` again \
+         when the database is quieter; nothing of the failed migration is applied"
     )]
-    LocksUnavailable {
+    GaveUp {
         attempts: u32,
         waited: Duration,
-        lock_timeout: Duration,
         last: sqlx::Error,
     },
 }
@@ -37,19 +37,28 @@ pub enum SchemaError {
 /// How [`migrate_patiently`] waits for the locks its migrations take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LockPatience {
-    /// Longest one attempt waits for a lock (the session's `lock_timeout`). While a migration
-    /// waits for a table, every later statement on it waits behind the migration, so this is
-    /// how long a migration may stall the queue's reads and writes at a time.
+    /// Longest one statement of a migration waits for a lock (the session's `lock_timeout`).
+    /// While a migration waits for a table, every later statement on it waits behind the
+    /// migration, so this bounds how long a migration stalls the queue's reads and writes at a
+    /// time. A migration of several statements can wait once per statement, and a wait cut
+    /// short rolls back what its transaction did so far.
     pub lock_timeout: Duration,
     /// Longest time to go on trying, pauses included; then the migration fails, nothing of it
     /// applied.
     pub give_up_after: Duration,
-    /// The pause between attempts, in which the statements queued behind the last attempt run.
+    /// The first pause between attempts, in which the statements queued behind the last attempt
+    /// run; each further pause is twice as long, up to [`MAX_PAUSE`].
     pub pause: Duration,
 }
 
+/// The longest pause between two attempts of [`migrate_patiently`].
+pub const MAX_PAUSE: Duration = Duration::from_secs(60);
+
+/// How long [`migrate_patiently`] waits for a connection before it counts the attempt failed.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl Default for LockPatience {
-    /// 5 s per attempt and between attempts, for up to 10 minutes.
+    /// Lock waits of 5 s; pauses of 5 s, doubling; up to 10 minutes.
     fn default() -> Self {
         LockPatience {
             lock_timeout: Duration::from_secs(5),
@@ -65,12 +74,12 @@ pub async fn migrate(pool: &PgPool) -> Result<(), SchemaError> {
     Ok(())
 }
 
-/// Applies every pending migration, none of them waiting for a lock longer than
-/// `patience.lock_timeout` at a time: a migration that cannot take its locks (a long transaction
-/// holds the table) is rolled back and tried again after a pause, until
-/// `patience.give_up_after`. Waiting without a limit instead would queue every statement on that
-/// table (job fetches, completions, enqueues) behind the migration for as long as the long
-/// transaction lasts.
+/// Applies every pending migration, no statement of one waiting for a lock longer than
+/// `patience.lock_timeout`: a migration that cannot take its locks (a long transaction holds the
+/// table) is rolled back and tried again after a pause, until `patience.give_up_after`; so is
+/// one that lost its connection, met a deadlock, or found the server starting up. Waiting
+/// without a limit instead would queue every statement on that table (job fetches, completions,
+/// enqueues) behind the migration for as long as the long transaction lasts.
 pub async fn migrate_patiently(
     options: &PgConnectOptions,
     patience: LockPatience,
@@ -89,52 +98,66 @@ pub async fn apply_patiently(
         .clone()
         .options([("lock_timeout", lock_timeout.as_str())]);
     let started = Instant::now();
+    let mut pause = patience.pause.max(Duration::from_millis(1));
     let mut attempts = 0;
     loop {
         attempts += 1;
-        // A connection per attempt: a failed attempt's session ends with it, and with the
-        // session the migrator's advisory lock, which sqlx does not release on an error.
-        let mut conn = PgConnection::connect_with(&options).await?;
-        let result = migrator.run(&mut conn).await;
-        let Err(e) = result else {
-            conn.close().await?;
-            return Ok(());
+        let last = match attempt(migrator, &options).await {
+            Ok(()) => return Ok(()),
+            Err(e) => worth_retrying(e)?,
         };
-        drop(conn);
-        let last = lock_unavailable(e)?;
         let waited = started.elapsed();
-        if waited + patience.pause >= patience.give_up_after {
-            return Err(SchemaError::LocksUnavailable {
+        if waited + pause >= patience.give_up_after {
+            return Err(SchemaError::GaveUp {
                 attempts,
                 waited,
-                lock_timeout: patience.lock_timeout,
                 last,
             });
         }
         tracing::warn!(
             attempt = attempts,
             error = %last,
-            "a migration could not take its locks within {:?}; rolled back, trying again in {:?}",
-            patience.lock_timeout,
-            patience.pause
+            "a migration attempt failed and was rolled back; trying again in {pause:?}"
         );
-        tokio::time::sleep(patience.pause).await;
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(MAX_PAUSE.max(patience.pause));
     }
 }
 
-/// `Ok` with the database's error if `e` is a lock that could not be taken in time (`55P03`,
-/// both for a migration's statements and for the migrator's advisory lock); any other error as
-/// the `Err` it is.
-fn lock_unavailable(e: MigrateError) -> Result<sqlx::Error, SchemaError> {
-    let is_lock_timeout = |e: &sqlx::Error| {
-        e.as_database_error()
-            .and_then(|d| d.code())
-            .is_some_and(|code| code == "55P03")
+/// One attempt on a connection of its own: a failed attempt's session ends with it, and with the
+/// session the migrator's advisory lock, which sqlx does not release on an error.
+async fn attempt(migrator: &Migrator, options: &PgConnectOptions) -> Result<(), MigrateError> {
+    let mut conn =
+        match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(options)).await {
+            Ok(connected) => connected?,
+            Err(_) => {
+                return Err(MigrateError::Execute(sqlx::Error::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("connecting took longer than {CONNECT_TIMEOUT:?}"),
+                ))));
+            }
+        };
+    migrator.run(&mut conn).await?;
+    conn.close().await?;
+    Ok(())
+}
+
+/// `Ok` with the database's error if another attempt may succeed where `e` failed: a lock wait
+/// cut short (`55P03`, a migration's statement or the migrator's advisory lock), a deadlock
+/// (`40P01`), a server starting up or shutting down (`57P0x`), a lost or refused connection;
+/// any other error as the `Err` it is.
+fn worth_retrying(e: MigrateError) -> Result<sqlx::Error, SchemaError> {
+    let transient = |e: &sqlx::Error| match e {
+        sqlx::Error::Io(_) => true,
+        sqlx::Error::Database(d) => d.code().is_some_and(|code| {
+            matches!(code.as_ref(), "55P03" | "40P01")
+                || code.starts_with("57P")
+                || code.starts_with("08")
+        }),
+        _ => false,
     };
     match e {
-        MigrateError::Execute(e) | MigrateError::ExecuteMigration(e, _) if is_lock_timeout(&e) => {
-            Ok(e)
-        }
+        MigrateError::Execute(e) | MigrateError::ExecuteMigration(e, _) if transient(&e) => Ok(e),
         other => Err(other.into()),
     }
 }

@@ -1,6 +1,6 @@
 //! `migrate_patiently` against a real PostgreSQL: a migration blocked by a long transaction
-//! waits in short attempts, so the statements on its table are never stuck behind it, and
-//! applies once the table is free; one blocked for good gives up with nothing applied. A plain
+//! waits in short attempts, so the statements on its table are never stuck behind it, is tried
+//! again when its connection is lost, and applies once the table is free; one blocked for good gives up with nothing applied. A plain
 //! migration, for contrast, stalls every writer of the table while it waits.
 
 #![allow(clippy::unwrap_used)]
@@ -44,12 +44,13 @@ async fn table_held_by_a_reader(db: &TestDb) -> PgConnection {
     reader
 }
 
-/// Waits until the migration's `ALTER TABLE` is waiting for its lock.
+/// Waits until the migration's `ALTER TABLE` is waiting for its lock (in this test's database:
+/// the tests beside it run the same statement in theirs).
 async fn until_the_migration_waits(db: &TestDb) {
     for _ in 0..400 {
         let waiting: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'ALTER TABLE t%' \
-             AND wait_event_type = 'Lock'",
+             AND wait_event_type = 'Lock' AND datname = current_database()",
         )
         .fetch_one(&db.pool)
         .await
@@ -127,14 +128,19 @@ async fn a_migration_blocked_for_good_gives_up_with_nothing_applied() {
     let e = apply_patiently(&adding_a_column(), &options(&db), patience)
         .await
         .unwrap_err();
-    let SchemaError::LocksUnavailable { attempts, .. } = &e else {
+    let SchemaError::GaveUp { attempts, last, .. } = &e else {
         panic!("{e}");
     };
     assert!(*attempts >= 2, "{e}");
+    assert_eq!(
+        last.as_database_error().and_then(|d| d.code()).as_deref(),
+        Some("55P03"),
+        "{e}"
+    );
     let text = e.to_string();
     assert!(
-        text.starts_with("a migration could not take its locks in ")
-            && text.contains("a long transaction holds a table it changes"),
+        text.starts_with("gave up applying migrations after ")
+            && text.contains("a long transaction, or another `web migrate`, holds a table"),
         "{text}"
     );
     assert!(!has_column_y(&db).await);
@@ -168,4 +174,34 @@ async fn a_plain_migration_blocked_by_a_reader_stalls_the_tables_writers() {
     );
     reader.close().await.unwrap();
     migration.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_whose_connection_is_lost_is_tried_again() {
+    let db = TestDb::new().await;
+    let reader = table_held_by_a_reader(&db).await;
+    // Lock waits long enough for the session to be found and ended while it waits.
+    let patience = LockPatience {
+        lock_timeout: Duration::from_secs(30),
+        give_up_after: Duration::from_secs(120),
+        pause: Duration::from_millis(100),
+    };
+    let options = options(&db);
+    let migrator = adding_a_column();
+    let (applied, ()) = tokio::join!(apply_patiently(&migrator, &options, patience), async {
+        until_the_migration_waits(&db).await;
+        let killed: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'ALTER TABLE t%' \
+             AND datname = current_database() AND pg_terminate_backend(pid)",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(killed, 1);
+        // The next attempt, on a new connection.
+        until_the_migration_waits(&db).await;
+        reader.close().await.unwrap();
+    });
+    applied.unwrap();
+    assert!(has_column_y(&db).await);
 }

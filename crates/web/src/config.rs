@@ -72,10 +72,10 @@ pub struct WebConfig {
     /// Enqueue transactions running at once, each for its own share of the users (each with a
     /// connection of its own on the batch thread, outside `database_max_connections`).
     pub enqueue_batch_concurrency: usize,
-    /// `web migrate`: the longest one attempt of a migration waits for a lock, and the pause
-    /// before the next. A migration waiting for a table holds up every later statement on it
-    /// (job fetches, completions, enqueues), so it gives up and tries again rather than wait
-    /// behind a long transaction.
+    /// `web migrate`: the longest a statement of a migration waits for a lock, and the first
+    /// pause before the next attempt (each further pause doubles, up to a minute). A migration
+    /// waiting for a table holds up every later statement on it (job fetches, completions,
+    /// enqueues), so it gives up and tries again rather than wait behind a long transaction.
     #[serde(with = "humantime_serde")]
     pub migration_lock_timeout: Duration,
     /// `web migrate`: how long it goes on trying a migration that cannot take its locks before
@@ -269,8 +269,8 @@ impl WebConfig {
         Ok(())
     }
 
-    /// How `web migrate` waits for locks: attempts of `MIGRATION_LOCK_TIMEOUT`, as long a pause
-    /// between them, for up to `MIGRATION_GIVE_UP_AFTER`.
+    /// How `web migrate` waits for locks: lock waits of `MIGRATION_LOCK_TIMEOUT`, a first pause
+    /// as long between attempts, for up to `MIGRATION_GIVE_UP_AFTER`.
     pub fn migration_patience(&self) -> schema::LockPatience {
         schema::LockPatience {
             lock_timeout: self.migration_lock_timeout,
