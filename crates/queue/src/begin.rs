@@ -60,14 +60,16 @@ mod tests {
     /// A `BEGIN` the server answers slowly, so a caller can give up inside it.
     const SLOW_BEGIN: &str = "BEGIN; SELECT pg_sleep(1)";
 
-    /// Drives `begin` until the server is running [`SLOW_BEGIN`] (seen from another session),
+    /// Drives `begin` until the server is running [`SLOW_BEGIN`] (seen from another session of
+    /// the test's own database: a test beside it runs the same statement in another),
     /// then drops it: the caller gives up midway, whatever the machine's speed. `false` if the
     /// `BEGIN` ended first.
     async fn give_up_midway<T>(db: &TestDb, begin: impl Future<Output = T>) -> bool {
         let running = async {
             loop {
                 let active: i64 = sqlx::query_scalar(
-                    "SELECT count(*) FROM pg_stat_activity WHERE query = $1 AND state = 'active'",
+                    "SELECT count(*) FROM pg_stat_activity WHERE query = $1 AND state = 'active' \
+                     AND datname = current_database()",
                 )
                 .bind(SLOW_BEGIN)
                 .fetch_one(&db.pool)
