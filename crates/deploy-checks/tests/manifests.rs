@@ -838,6 +838,38 @@ fn deployments_have_probes_resources_budgets_graceful_shutdown_and_scaling() {
                 "{overlay}: {key} differs between the workers and the scheduler: {values:?}"
             );
         }
+        // The repository URL policy is read by web, which accepts a URL, and by the analyzer,
+        // which fetches it: a URL one accepts and the other refuses would be billed and then
+        // fail. Each setting must resolve to the same value in both (unset is the default).
+        let web_and_analyzer = ["web", "analyzer-worker"].map(|name| {
+            find("Deployment", name)["spec"]["template"]["spec"]["containers"][0].clone()
+        });
+        for (key, default) in [
+            ("ANALYZER_ALLOW_FILE_URLS", "false"),
+            ("ANALYZER_ALLOW_PRIVATE_HOSTS", "false"),
+            ("ANALYZER_ALLOWED_PORTS", "443"),
+        ] {
+            let values: BTreeSet<String> = web_and_analyzer
+                .iter()
+                .map(|container| {
+                    let value = effective(container, key).unwrap_or_else(|| default.to_owned());
+                    if key == "ANALYZER_ALLOWED_PORTS" {
+                        format!(
+                            "{:?}",
+                            inventory::url_policy::parse_ports(&value)
+                                .unwrap_or_else(|e| panic!("{overlay} {key}: {e}"))
+                        )
+                    } else {
+                        value.to_ascii_lowercase()
+                    }
+                })
+                .collect();
+            assert_eq!(
+                values.len(),
+                1,
+                "{overlay}: {key} differs between web and the analyzer: {values:?}"
+            );
+        }
         // Scheduler: a tick in progress, the elections' resignation and the health server, each
         // bounded, then the telemetry flush.
         let scheduler = &find("Deployment", "scheduler")["spec"]["template"]["spec"];
