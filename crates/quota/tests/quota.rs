@@ -1042,7 +1042,8 @@ async fn used_totals_follow_every_change_to_usage_events_and_count_whole_utc_day
         (4, 0)
     );
 
-    // Deleting some, deleting a user (cascading to both tables), truncating.
+    // Deleting some, refusing to delete a user who has any (billing outlives the user), then
+    // deleting them deliberately with the user's daily totals; truncating.
     sqlx::query("DELETE FROM usage_events WHERE amount = 5")
         .execute(&db.pool)
         .await
@@ -1052,11 +1053,39 @@ async fn used_totals_follow_every_change_to_usage_events_and_count_whole_utc_day
         used(&monthly, &db.pool, a, "2026-05-20T12:00:00Z").await,
         (4, 0)
     );
-    sqlx::query("DELETE FROM users WHERE id = $1")
+    let events_of_b = "SELECT count(*) FROM usage_events WHERE user_id = $1";
+    let before: i64 = sqlx::query_scalar(events_of_b)
+        .bind(b)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(before > 0);
+    let refused = sqlx::query("DELETE FROM users WHERE id = $1")
         .bind(b)
         .execute(&db.pool)
         .await
+        .unwrap_err();
+    assert_eq!(
+        refused
+            .as_database_error()
+            .and_then(|d| d.constraint())
+            .map(str::to_owned)
+            .as_deref(),
+        Some("usage_events_user_id_fkey"),
+        "{refused}"
+    );
+    let after: i64 = sqlx::query_scalar(events_of_b)
+        .bind(b)
+        .fetch_one(&db.pool)
+        .await
         .unwrap();
+    assert_eq!(after, before, "the refused delete kept every event");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DELETE FROM usage_events WHERE user_id = '{b}'; DELETE FROM users WHERE id = '{b}'"
+    )))
+    .execute(&db.pool)
+    .await
+    .unwrap();
     assert_used_exact(&db.pool).await;
     sqlx::query("TRUNCATE usage_events")
         .execute(&db.pool)
