@@ -1,8 +1,8 @@
 //! One scheduler replica acts, with real processes: two schedulers enqueue each tick once; the
 //! other replica takes over after `kill -9` of the leader within the takeover bound, after
-//! SIGTERM within 2 s (plus slack; its lease is 30 s), and after a pause (SIGSTOP) without the paused leader acting again; and a
-//! scheduler started before the migrations waits for them. Every run checks that each tick was
-//! done exactly once (consecutive ticks, one job each).
+//! SIGTERM within 2 s (plus slack; its lease is 30 s), and after a pause (SIGSTOP) without the
+//! paused leader acting again; and a scheduler started before the migrations waits for them.
+//! Every run checks that each tick was done exactly once (consecutive ticks, one job each).
 
 #![allow(clippy::unwrap_used)]
 

@@ -25,7 +25,7 @@ pub enum SchemaError {
         "gave up applying migrations after {attempts} attempts over {waited:?}, the last failing \
          with: {last}. A lock wait cut short (lock_timeout) means a long transaction, or another \
          `web migrate`, holds a table a migration changes: end it, or run `web migrate` again \
-         when the database is quieter; nothing of the failed migration is applied"
+         when the database is quieter. Nothing of the failed migration is applied"
     )]
     GaveUp {
         attempts: u32,
@@ -47,7 +47,8 @@ pub struct LockPatience {
     /// applied.
     pub give_up_after: Duration,
     /// The first pause between attempts, in which the statements queued behind the last attempt
-    /// run; each further pause is twice as long, up to [`MAX_PAUSE`].
+    /// run; each further pause is twice as long, up to [`MAX_PAUSE`] (or this first pause, if it
+    /// is longer).
     pub pause: Duration,
 }
 
@@ -144,15 +145,18 @@ async fn attempt(migrator: &Migrator, options: &PgConnectOptions) -> Result<(), 
 
 /// `Ok` with the database's error if another attempt may succeed where `e` failed: a lock wait
 /// cut short (`55P03`, a migration's statement or the migrator's advisory lock), a deadlock
-/// (`40P01`), a server starting up or shutting down (`57P0x`), a lost or refused connection;
-/// any other error as the `Err` it is.
+/// (`40P01`), a server shutting down or starting up (`57P01`–`57P03`), a lost or refused
+/// connection (I/O, `08…`); any other error as the `Err` it is.
 fn worth_retrying(e: MigrateError) -> Result<sqlx::Error, SchemaError> {
     let transient = |e: &sqlx::Error| match e {
         sqlx::Error::Io(_) => true,
         sqlx::Error::Database(d) => d.code().is_some_and(|code| {
-            matches!(code.as_ref(), "55P03" | "40P01")
-                || code.starts_with("57P")
-                || code.starts_with("08")
+            // Not a dropped database (57P04) nor a protocol violation (08P01): another attempt
+            // meets them again.
+            matches!(
+                code.as_ref(),
+                "55P03" | "40P01" | "57P01" | "57P02" | "57P03"
+            ) || (code.starts_with("08") && code != "08P01")
         }),
         _ => false,
     };

@@ -1,7 +1,8 @@
 //! `migrate_patiently` against a real PostgreSQL: a migration blocked by a long transaction
 //! waits in short attempts, so the statements on its table are never stuck behind it, is tried
-//! again when its connection is lost, and applies once the table is free; one blocked for good gives up with nothing applied. A plain
-//! migration, for contrast, stalls every writer of the table while it waits.
+//! again when its connection is lost, and applies once the table is free; one blocked for good
+//! gives up with nothing applied. A plain migration, for contrast, stalls every writer of the
+//! table while it waits.
 
 #![allow(clippy::unwrap_used)]
 
@@ -44,19 +45,22 @@ async fn table_held_by_a_reader(db: &TestDb) -> PgConnection {
     reader
 }
 
-/// Waits until the migration's `ALTER TABLE` is waiting for its lock (in this test's database:
-/// the tests beside it run the same statement in theirs).
-async fn until_the_migration_waits(db: &TestDb) {
+/// Waits until a migration's `ALTER TABLE` is waiting for its lock in this test's database (the
+/// tests beside it run the same statement in theirs), in a session other than `not`; returns
+/// that session's process id.
+async fn until_the_migration_waits(db: &TestDb, not: Option<i32>) -> i32 {
     for _ in 0..400 {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'ALTER TABLE t%' \
-             AND wait_event_type = 'Lock' AND datname = current_database()",
+        let waiting: Option<i32> = sqlx::query_scalar(
+            "SELECT pid FROM pg_stat_activity WHERE query LIKE 'ALTER TABLE t%' \
+             AND wait_event_type = 'Lock' AND datname = current_database() \
+             AND pid IS DISTINCT FROM $1 LIMIT 1",
         )
-        .fetch_one(&db.pool)
+        .bind(not)
+        .fetch_optional(&db.pool)
         .await
         .unwrap();
-        if waiting > 0 {
-            return;
+        if let Some(pid) = waiting {
+            return pid;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
@@ -96,7 +100,7 @@ async fn a_blocked_migration_waits_in_short_attempts_and_applies_once_the_table_
     let options = options(&db);
     let migrator = adding_a_column();
     let (applied, ()) = tokio::join!(apply_patiently(&migrator, &options, patience), async {
-        until_the_migration_waits(&db).await;
+        until_the_migration_waits(&db, None).await;
         // Writers of the table get through while the migration keeps trying (each waits at
         // most one attempt's 200 ms behind it), over several attempts.
         for _ in 0..8 {
@@ -162,7 +166,7 @@ async fn a_plain_migration_blocked_by_a_reader_stalls_the_tables_writers() {
         let pool = db.pool.clone();
         tokio::spawn(async move { adding_a_column().run(&pool).await })
     };
-    until_the_migration_waits(&db).await;
+    until_the_migration_waits(&db, None).await;
     let stalled = insert_waiting_at_most(&db, "1s").await.unwrap_err();
     assert_eq!(
         stalled
@@ -189,17 +193,15 @@ async fn a_migration_whose_connection_is_lost_is_tried_again() {
     let options = options(&db);
     let migrator = adding_a_column();
     let (applied, ()) = tokio::join!(apply_patiently(&migrator, &options, patience), async {
-        until_the_migration_waits(&db).await;
-        let killed: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'ALTER TABLE t%' \
-             AND datname = current_database() AND pg_terminate_backend(pid)",
-        )
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-        assert_eq!(killed, 1);
-        // The next attempt, on a new connection.
-        until_the_migration_waits(&db).await;
+        let first = until_the_migration_waits(&db, None).await;
+        let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+            .bind(first)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert!(ended);
+        // The next attempt, on a new connection, waits for the lock again.
+        until_the_migration_waits(&db, Some(first)).await;
         reader.close().await.unwrap();
     });
     applied.unwrap();

@@ -137,7 +137,7 @@ fn connect_options(config: &WebConfig) -> anyhow::Result<PgConnectOptions> {
 }
 
 /// The connect options `web migrate` uses: the server's defaults but READ COMMITTED; the lock
-/// timeout of each attempt is `MIGRATION_LOCK_TIMEOUT` ([`schema::migrate_patiently`]).
+/// timeout of each statement is `MIGRATION_LOCK_TIMEOUT` ([`schema::migrate_patiently`]).
 pub fn migration_options(config: &WebConfig) -> anyhow::Result<PgConnectOptions> {
     connect_options(config)
 }
