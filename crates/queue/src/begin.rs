@@ -87,19 +87,22 @@ mod tests {
         }
     }
 
-    /// A caller gives up during a slow `BEGIN`; then an autocommit insert runs on the pool's
-    /// only connection. `Ok` if another session sees the row (the insert was committed).
-    async fn insert_after_an_abandoned_begin(abandoned_begin_via_helper: bool) -> bool {
+    /// A test database where `ddl` has run, and a pool of one connection to it.
+    async fn one_connection_after(ddl: &'static str) -> (TestDb, sqlx::PgPool) {
         let db = TestDb::new().await;
-        sqlx::query("CREATE TABLE probe (x int)")
-            .execute(&db.pool)
-            .await
-            .unwrap();
+        sqlx::query(ddl).execute(&db.pool).await.expect("ddl");
         let pool = PgPoolOptions::new()
             .max_connections(1)
             .connect_with(db.pool.connect_options().as_ref().clone())
             .await
-            .unwrap();
+            .expect("pool");
+        (db, pool)
+    }
+
+    /// A caller gives up during a slow `BEGIN`; then an autocommit insert runs on the pool's
+    /// only connection. `Ok` if another session sees the row (the insert was committed).
+    async fn insert_after_an_abandoned_begin(abandoned_begin_via_helper: bool) -> bool {
+        let (db, pool) = one_connection_after("CREATE TABLE probe (x int)").await;
         let gave_up = if abandoned_begin_via_helper {
             give_up_midway(&db, super::begin_with(&pool, SLOW_BEGIN)).await
         } else {
@@ -174,16 +177,7 @@ mod tests {
     /// untouched), and the next caller in line gets it.
     #[tokio::test]
     async fn a_caller_who_gives_up_waiting_for_a_connection_takes_none() {
-        let db = TestDb::new().await;
-        sqlx::query("CREATE SEQUENCE begun")
-            .execute(&db.pool)
-            .await
-            .unwrap();
-        let pool = PgPoolOptions::new()
-            .max_connections(1)
-            .connect_with(db.pool.connect_options().as_ref().clone())
-            .await
-            .unwrap();
+        let (_db, pool) = one_connection_after("CREATE SEQUENCE begun").await;
         let held = pool.acquire().await.unwrap();
         let gave_up = tokio::time::timeout(
             Duration::from_millis(200),
