@@ -68,9 +68,9 @@ pub use error::{QuotaError, QuotaExceeded};
 pub use hook::{HookEffect, QuotaHook, end_reservations};
 pub use period::{BillingCycle, BillingPeriod};
 pub use store::{
-    CheckPlan, CleanupReport, EventUsage, Grant, Quota, RESERVATIONS_CTE_PARAMS, Reservation,
-    STANDINGS_CTE_PARAMS, StandingRow, UserUsage, active_reservations, bind_reservations, cleanup,
-    reservations_cte, standings_cte,
+    CLEANUP_BATCH, CheckPlan, CleanupReport, EventUsage, Grant, Quota, RESERVATIONS_CTE_PARAMS,
+    Reservation, STANDINGS_CTE_PARAMS, StandingRow, UserUsage, active_reservations,
+    bind_reservations, cleanup, cleanup_in_batches, reservations_cte, standings_cte,
 };
 
 /// The event types usage is counted in: the same names as the services (`analysis`, `specview`).

@@ -563,22 +563,76 @@ const ORPHANED: &str = "(r.job_id IS NULL AND r.created_at < now() - make_interv
 /// billed as it is deleted, dated when its job finished, so its usage is not lost. Orphans are
 /// logged; in a healthy system there are none.
 ///
-/// Two statements in one transaction: the first locks the candidates, the second, with a
+/// Works in transactions of at most [`CLEANUP_BATCH`] reservations each, so a large backlog of
+/// orphans (a fleet that ran without the hook for a day) never holds its rows, and the totals
+/// rows of every user among them, in one long transaction.
+///
+/// Two statements in each transaction: the first locks the candidates, the second, with a
 /// snapshot taken after those locks, decides on their current rows. In one statement, a
 /// reservation linked to a live job after the statement's snapshot was judged by the job row
 /// the snapshot had (none), and deleted as "missing": the job then completed unbilled.
 pub async fn cleanup(pool: &PgPool, ttl: Duration) -> Result<CleanupReport, QuotaError> {
-    let mut tx = queue::begin::begin(pool).await?;
+    cleanup_in_batches(pool, ttl, CLEANUP_BATCH).await
+}
+
+/// The most reservations one transaction of [`cleanup`] removes.
+pub const CLEANUP_BATCH: usize = 5_000;
+
+/// [`cleanup`] with transactions of at most `batch` reservations (tests use small ones).
+pub async fn cleanup_in_batches(
+    pool: &PgPool,
+    ttl: Duration,
+    batch: usize,
+) -> Result<CleanupReport, QuotaError> {
+    let batch = batch.max(1);
+    let mut report = CleanupReport::default();
+    loop {
+        let (part, candidates) = cleanup_batch(pool, ttl, batch).await?;
+        report.final_job += part.final_job;
+        report.missing_job += part.missing_job;
+        report.expired_without_job += part.expired_without_job;
+        report.billed += part.billed;
+        // A short batch found every orphan there was (those another cleanup holds are its).
+        if candidates < batch {
+            break;
+        }
+    }
+    if report.total() > 0 {
+        tracing::warn!(
+            final_job = report.final_job,
+            missing_job = report.missing_job,
+            expired_without_job = report.expired_without_job,
+            billed = report.billed,
+            "removed orphaned quota reservations"
+        );
+    }
+    Ok(report)
+}
+
+/// One transaction of [`cleanup`]: what it removed, and how many candidates it locked.
+async fn cleanup_batch(
+    pool: &PgPool,
+    ttl: Duration,
+    batch: usize,
+) -> Result<(CleanupReport, usize), QuotaError> {
+    // A session that stalls inside (a frozen process) must not hold the rows, and the totals of
+    // their users, until TCP gives up on it.
+    let mut tx = queue::begin::begin_with(
+        pool,
+        "BEGIN; SET LOCAL idle_in_transaction_session_timeout = '60s'",
+    )
+    .await?;
     let candidates: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT r.id FROM quota_reservations r LEFT JOIN fairlane_job j ON j.id = r.job_id \
-         WHERE {ORPHANED} FOR UPDATE OF r SKIP LOCKED"
+         WHERE {ORPHANED} LIMIT $2 FOR UPDATE OF r SKIP LOCKED"
     )))
     .bind(ttl.as_secs_f64())
+    .bind(i64::try_from(batch).unwrap_or(i64::MAX))
     .fetch_all(&mut *tx)
     .await?;
     if candidates.is_empty() {
         tx.commit().await?;
-        return Ok(CleanupReport::default());
+        return Ok((CleanupReport::default(), 0));
     }
     let rows: Vec<(String, i64, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         concat!(
@@ -616,16 +670,7 @@ pub async fn cleanup(pool: &PgPool, ttl: Duration) -> Result<CleanupReport, Quot
             _ => report.expired_without_job = n,
         }
     }
-    if report.total() > 0 {
-        tracing::warn!(
-            final_job = report.final_job,
-            missing_job = report.missing_job,
-            expired_without_job = report.expired_without_job,
-            billed = report.billed,
-            "removed orphaned quota reservations"
-        );
-    }
-    Ok(report)
+    Ok((report, candidates.len()))
 }
 
 /// Live reservations per event type (every type present, zeros included), for the

@@ -824,6 +824,62 @@ async fn cleanup_removes_orphans_bills_completed_ones_and_never_touches_a_live_j
     assert_totals_exact(&db.pool).await;
 }
 
+/// A backlog larger than a batch is cleaned in several transactions, each of at most a batch:
+/// every orphan removed and billed once, the live job's reservation kept, whether the last batch
+/// is full (12 of 3 a batch) or not (the second run finds nothing).
+#[tokio::test]
+async fn cleanup_works_through_a_backlog_in_batches() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let quota = quota();
+    let user = user(&db.pool, "enterprise").await;
+    let live = reserve_and_enqueue(&db.pool, &client, &quota, user)
+        .await
+        .unwrap();
+    let mut finished = Vec::new();
+    for _ in 0..12 {
+        finished.push(
+            reserve_and_enqueue(&db.pool, &client, &quota, user)
+                .await
+                .unwrap(),
+        );
+    }
+    // Finished by a process without the hook.
+    sqlx::query(
+        "UPDATE fairlane_job SET state = 'completed', finalized_at = now() WHERE id = ANY($1)",
+    )
+    .bind(&finished)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let report = quota::cleanup_in_batches(&db.pool, Duration::from_secs(3600), 3)
+        .await
+        .unwrap();
+    assert_eq!(
+        (report.final_job, report.billed, report.total()),
+        (12, 12, 12)
+    );
+    let left: Vec<i64> = sqlx::query_scalar("SELECT job_id FROM quota_reservations")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, [live]);
+    let mut billed: Vec<i64> = sqlx::query_scalar("SELECT job_id FROM usage_events")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    billed.sort_unstable();
+    finished.sort_unstable();
+    assert_eq!(billed, finished);
+    assert_eq!(
+        quota::cleanup_in_batches(&db.pool, Duration::from_secs(3600), 3)
+            .await
+            .unwrap(),
+        quota::CleanupReport::default()
+    );
+    assert_totals_exact(&db.pool).await;
+}
+
 #[tokio::test]
 async fn reserved_totals_follow_every_change_to_reservations() {
     let db = TestDb::new().await;
