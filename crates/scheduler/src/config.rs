@@ -147,9 +147,11 @@ pub struct Checked {
     pub http_addr: std::net::SocketAddr,
 }
 
-/// The fewest database connections the scheduler accepts: its two elections, a tick, the
-/// gauges and the probes each need one.
-pub const MIN_DATABASE_CONNECTIONS: u32 = 4;
+/// The fewest database connections the scheduler accepts. The notification listener keeps one
+/// for good; the two elections' renewals, the two cron tasks' ticks (on the hour both start),
+/// the queue maintenance, the gauges and the probes each need one at once. With fewer, a renewal
+/// can wait for a connection past its lease's TTL and leadership lapses.
+pub const MIN_DATABASE_CONNECTIONS: u32 = 8;
 
 /// A setting that makes no sense, named by its environment variable.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -229,7 +231,7 @@ impl Config {
     pub fn check_connections(&self) -> Result<(), InvalidConfig> {
         if self.database_max_connections < MIN_DATABASE_CONNECTIONS {
             return Err(InvalidConfig(format!(
-                "DATABASE_MAX_CONNECTIONS must be at least {MIN_DATABASE_CONNECTIONS} (elections, ticks, metrics, probes), got {}",
+                "DATABASE_MAX_CONNECTIONS must be at least {MIN_DATABASE_CONNECTIONS} (the listener, elections, ticks, maintenance, metrics, probes), got {}",
                 self.database_max_connections
             )));
         }
@@ -333,10 +335,10 @@ mod tests {
             "invalid scheduler configuration: QUEUE_PROMOTE_INTERVAL must be greater than zero"
         );
         assert!(err(&[("METRICS_EXPORT_INTERVAL", "0s")]).contains("METRICS_EXPORT_INTERVAL"));
-        for n in ["0", "3"] {
+        for n in ["0", "3", "7"] {
             let e = err(&[("DATABASE_MAX_CONNECTIONS", n)]);
             assert!(
-                e.contains("DATABASE_MAX_CONNECTIONS must be at least 4"),
+                e.contains("DATABASE_MAX_CONNECTIONS must be at least 8"),
                 "{e}"
             );
             let Err(e) = crate::lazy_pool(&load(&[("DATABASE_MAX_CONNECTIONS", n)])) else {

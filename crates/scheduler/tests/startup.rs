@@ -1,6 +1,6 @@
 //! `scheduler` started with bad settings: exit code 1, one line on stderr naming the setting,
 //! nothing written. Its settings used to be checked only after `main` had built the pool, so a
-//! pool of 0 panicked in sqlx before the "at least 4" check could run.
+//! pool of 0 panicked in sqlx before the "at least 8" check could run.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -14,7 +14,7 @@ async fn bad_settings_stop_the_start_with_one_line_and_write_nothing() {
     for (env, needle) in [
         (
             ("DATABASE_MAX_CONNECTIONS", "0"),
-            "DATABASE_MAX_CONNECTIONS must be at least 4",
+            "DATABASE_MAX_CONNECTIONS must be at least 8",
         ),
         (
             ("QUEUE_PROMOTE_INTERVAL", "0s"),
