@@ -19,8 +19,30 @@ use crate::ticks::TickStore;
 
 /// At most this many missed ticks are caught up at once (the newest ones).
 pub const MAX_CATCH_UP: usize = 60;
-/// After a failed tick (database unreachable), try again this soon.
+/// After a failed tick (database unreachable), try again this soon; each further failure in a
+/// row waits twice as long, up to [`MAX_RETRY_AFTER`], so a tick that keeps failing (a query
+/// that times out) does not run its work once a second.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// The longest wait between two tries of a failing tick.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// How long the loop sleeps before it looks at its ticks again: until the next tick, but sooner
+/// after a failure (`retry`, the backoff's current wait) or when the claim's fence refused a
+/// replica that still believes it leads (its view of the lease and the database's disagree, as
+/// after a failover to a primary whose clock is ahead: the tick is retried soon, not a whole
+/// period later).
+fn wait_before_next(until_next: Duration, retry: Option<Duration>, fenced: bool) -> Duration {
+    match retry {
+        Some(retry) => until_next.min(retry),
+        None if fenced => until_next.min(RETRY_AFTER),
+        None => until_next,
+    }
+}
+
+/// The backoff's next wait after `previous` (none yet: [`RETRY_AFTER`]).
+fn next_retry(previous: Option<Duration>) -> Duration {
+    previous.map_or(RETRY_AFTER, |d| (d * 2).min(MAX_RETRY_AFTER))
+}
 
 /// How a catch-up ended.
 #[derive(Debug, Clone, Copy)]
@@ -30,6 +52,8 @@ struct CaughtUp {
     /// The database's time the catch-up read its due ticks at, when it ran them all (`None` when
     /// it stopped early: leadership lost or a shutdown).
     done_up_to: Option<chrono::DateTime<Utc>>,
+    /// The claim's fence said this replica does not lead.
+    fenced: bool,
 }
 
 /// What a cron task does on each tick.
@@ -65,21 +89,30 @@ impl Periodic {
         // How far the database's clock is ahead of this replica's, as last seen: the sleep to
         // the next tick is timed by the database's clock too.
         let mut clock_offset = chrono::TimeDelta::zero();
+        // The backoff's current wait while ticks keep failing.
+        let mut retry: Option<Duration> = None;
         loop {
-            let mut failed = false;
             // Up to when every due tick ran, by the database's clock, when a catch-up ran them
             // all: a tick that fell due while they ran is run next, not a period late.
             let mut done_up_to = None;
+            let mut fenced = false;
             if leader.is_leader() {
                 match self.catch_up(&leader, &shutdown).await {
                     Ok(caught_up) => {
                         clock_offset = caught_up.clock_offset;
                         done_up_to = caught_up.done_up_to;
+                        fenced = caught_up.fenced && leader.is_leader();
+                        retry = None;
                     }
                     Err(e) => {
-                        tracing::warn!(task = name, error = %e, "scheduler tick failed; retrying");
+                        retry = Some(next_retry(retry));
+                        tracing::warn!(
+                            task = name,
+                            error = %e,
+                            retry_in = ?retry,
+                            "scheduler tick failed; retrying"
+                        );
                         self.metrics.tick(name, "failed");
-                        failed = true;
                     }
                 }
             }
@@ -88,11 +121,7 @@ impl Periodic {
                 .schedule
                 .until_next_after(done_up_to.unwrap_or(now), now)
                 .unwrap_or(Duration::from_secs(3600));
-            let wait = if failed {
-                until_next.min(RETRY_AFTER)
-            } else {
-                until_next
-            };
+            let wait = wait_before_next(until_next, retry, fenced);
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 _ = changes.changed() => {}
@@ -112,6 +141,7 @@ impl Periodic {
         let stopped = CaughtUp {
             clock_offset: frontier.now - Utc::now(),
             done_up_to: None,
+            fenced: false,
         };
         let due = self
             .schedule
@@ -134,7 +164,10 @@ impl Periodic {
             let outcome = self.run_tick(tick).instrument(span).await?;
             self.metrics.tick(name, outcome);
             if outcome == "not_leader" {
-                return Ok(stopped);
+                return Ok(CaughtUp {
+                    fenced: true,
+                    ..stopped
+                });
             }
         }
         Ok(CaughtUp {
@@ -184,5 +217,39 @@ impl Periodic {
                 Ok(outcome.label())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failures_in_a_row_wait_longer_each_time_up_to_a_minute() {
+        let mut waits = Vec::new();
+        let mut retry = None;
+        for _ in 0..9 {
+            retry = Some(next_retry(retry));
+            waits.push(retry.expect("set").as_secs());
+        }
+        assert_eq!(waits, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+    }
+
+    #[test]
+    fn the_loop_waits_for_the_next_tick_unless_a_tick_failed_or_was_fenced() {
+        let hour = Duration::from_secs(3600);
+        assert_eq!(wait_before_next(hour, None, false), hour);
+        assert_eq!(
+            wait_before_next(hour, Some(Duration::from_secs(8)), false),
+            Duration::from_secs(8)
+        );
+        assert_eq!(wait_before_next(hour, None, true), RETRY_AFTER);
+        // Never later than the next tick.
+        let soon = Duration::from_millis(300);
+        assert_eq!(
+            wait_before_next(soon, Some(Duration::from_secs(8)), false),
+            soon
+        );
+        assert_eq!(wait_before_next(soon, None, true), soon);
     }
 }
