@@ -210,6 +210,41 @@ async fn migrate_and_admin_subcommands() {
     assert!(err.contains("no user"), "{err}");
 }
 
+/// `web migrate` against a table another session holds for longer than it will wait: it gives up
+/// with exit 1 and a message saying why, having waited in short attempts; once the table is free
+/// it succeeds.
+#[tokio::test]
+async fn migrate_gives_up_on_a_table_held_too_long_and_succeeds_once_it_is_free() {
+    let db = TestDb::new().await;
+    let mut holder = db.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE _sqlx_migrations IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_web"))
+        .arg("migrate")
+        .env("DATABASE_URL", db.url())
+        .env("RUST_LOG", "error")
+        .env("MIGRATION_LOCK_TIMEOUT", "200ms")
+        .env("MIGRATION_GIVE_UP_AFTER", "1s")
+        .output()
+        .unwrap();
+    let waited = started.elapsed();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("gave up applying migrations after 2 attempts")
+            && stderr.contains("lock timeout"),
+        "{stderr}"
+    );
+    // Two attempts of 200 ms and a pause, not a wait for the holder.
+    assert!(waited < Duration::from_secs(30), "{waited:?}");
+    holder.rollback().await.unwrap();
+    let (ok, _, err) = web(&db, &["migrate"]);
+    assert!(ok, "{err}");
+}
+
 #[tokio::test]
 async fn bad_settings_stop_the_start_with_one_line_and_write_nothing() {
     let db = TestDb::new().await;
