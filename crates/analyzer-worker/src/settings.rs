@@ -99,8 +99,7 @@ impl AnalysisSettings {
                 ));
             }
         }
-        inventory::url_policy::parse_ports(&self.analyzer_allowed_ports)
-            .map_err(|e| format!("ANALYZER_ALLOWED_PORTS: {e}"))?;
+        self.settings_url_policy()?;
         if !self.analyzer_work_dir.is_absolute() {
             return Err(format!(
                 "ANALYZER_WORK_DIR must be an absolute path, got `{}`",
@@ -112,15 +111,18 @@ impl AnalysisSettings {
 
     /// The URL policy the handler vets repositories with, right before fetching.
     pub fn url_policy(&self) -> UrlPolicy {
-        UrlPolicy {
-            allow_file_urls: self.analyzer_allow_file_urls,
-            allow_private_hosts: self.analyzer_allow_private_hosts,
-            // `validate` refuses a list that does not parse before the worker starts; were it
-            // skipped, the default (443 alone) is the narrower choice.
-            allowed_ports: inventory::url_policy::parse_ports(&self.analyzer_allowed_ports)
-                .unwrap_or_else(|_| UrlPolicy::default().allowed_ports),
-            ..UrlPolicy::default()
-        }
+        // `validate` refuses settings that make no policy before the worker starts; were it
+        // skipped, the production default is the narrower choice.
+        self.settings_url_policy().unwrap_or_default()
+    }
+
+    /// The policy the `ANALYZER_*` URL settings describe; the error names the variable.
+    fn settings_url_policy(&self) -> Result<UrlPolicy, String> {
+        UrlPolicy::from_settings(
+            self.analyzer_allow_file_urls,
+            self.analyzer_allow_private_hosts,
+            &self.analyzer_allowed_ports,
+        )
     }
 
     /// The fetch and scan caps.

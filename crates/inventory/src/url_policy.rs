@@ -62,18 +62,17 @@ pub const HTTPS_DEFAULT_PORT: u16 = 443;
 
 /// A list of ports (`443, 8443`: separated by commas, spaces or both), sorted and without
 /// duplicates; an empty list, a port of 0 or anything that is not a port is an error naming it.
+/// Each entry is a port as a URL may write one ([`parse_port`]).
 pub fn parse_ports(text: &str) -> Result<Vec<u16>, String> {
     let mut ports = Vec::new();
     for entry in text.split([',', ' ', '\t']).filter(|e| !e.is_empty()) {
-        match entry.parse::<u16>() {
-            Ok(port) if port != 0 => ports.push(port),
-            _ => {
-                return Err(format!(
-                    "`{}` is not a port (a number from 1 to 65535)",
-                    entry.escape_debug()
-                ));
-            }
-        }
+        let port = parse_port(entry).map_err(|_| {
+            format!(
+                "`{}` is not a port (a number from 1 to 65535)",
+                entry.escape_debug()
+            )
+        })?;
+        ports.push(port);
     }
     if ports.is_empty() {
         return Err("no port is given (443 is the https default)".to_owned());
@@ -98,6 +97,23 @@ impl Default for UrlPolicy {
 }
 
 impl UrlPolicy {
+    /// The policy the `ANALYZER_ALLOW_FILE_URLS`, `ANALYZER_ALLOW_PRIVATE_HOSTS` and
+    /// `ANALYZER_ALLOWED_PORTS` settings describe: `web`, which accepts a URL, and the analyzer,
+    /// which fetches it, both read all three. An error names the variable.
+    pub fn from_settings(
+        allow_file_urls: bool,
+        allow_private_hosts: bool,
+        allowed_ports: &str,
+    ) -> Result<UrlPolicy, String> {
+        Ok(UrlPolicy {
+            allow_file_urls,
+            allow_private_hosts,
+            allowed_ports: parse_ports(allowed_ports)
+                .map_err(|e| format!("ANALYZER_ALLOWED_PORTS: {e}"))?,
+            ..UrlPolicy::default()
+        })
+    }
+
     /// The default policy with `file://` URLs allowed or not.
     pub fn with_file_urls(allow: bool) -> UrlPolicy {
         UrlPolicy {

@@ -203,7 +203,7 @@ impl WebConfig {
             ));
         }
         self.trusted_proxies()?;
-        self.allowed_ports()?;
+        self.url_policy()?;
         self.check_migration()?;
         if self.http_body_limit == 0 {
             return Err("HTTP_BODY_LIMIT must be at least 1 byte".to_owned());
@@ -279,10 +279,16 @@ impl WebConfig {
         }
     }
 
-    /// `ANALYZER_ALLOWED_PORTS`, parsed; the error names the variable and the entry.
-    pub fn allowed_ports(&self) -> Result<Vec<u16>, String> {
-        inventory::url_policy::parse_ports(&self.analyzer_allowed_ports)
-            .map_err(|e| format!("ANALYZER_ALLOWED_PORTS: {e}"))
+    /// The repository URL policy: the `ANALYZER_*` URL settings, with DNS resolution bounded
+    /// by `RESOLVE_TIMEOUT`; the error names the variable and the entry.
+    pub fn url_policy(&self) -> Result<inventory::UrlPolicy, String> {
+        let mut policy = inventory::UrlPolicy::from_settings(
+            self.analyzer_allow_file_urls,
+            self.analyzer_allow_private_hosts,
+            &self.analyzer_allowed_ports,
+        )?;
+        policy.dns_timeout = self.resolve_timeout;
+        Ok(policy)
     }
 
     /// Refuses a pool of no connections (sqlx panics on one).
@@ -356,7 +362,7 @@ mod tests {
         assert_eq!(c.redis_url, None);
         assert!(!c.analyzer_allow_file_urls);
         assert!(!c.analyzer_allow_private_hosts);
-        assert_eq!(c.allowed_ports(), Ok(vec![443]));
+        assert_eq!(c.url_policy().map(|p| p.allowed_ports), Ok(vec![443]));
         assert_eq!(
             c.migration_patience(),
             schema::LockPatience {
@@ -396,7 +402,7 @@ mod tests {
         assert_eq!(c.ratelimit_rules, "/etc/rules.yaml");
         assert!(c.analyzer_allow_file_urls);
         assert!(c.analyzer_allow_private_hosts);
-        assert_eq!(c.allowed_ports(), Ok(vec![443, 8443]));
+        assert_eq!(c.url_policy().map(|p| p.allowed_ports), Ok(vec![443, 8443]));
         assert_eq!(c.http_request_timeout, Duration::from_secs(5));
         assert_eq!(c.quota.quota_analysis_enterprise_limit, 7);
         assert_eq!(c.quota.quota_reservation_ttl, Duration::from_secs(7200));

@@ -205,13 +205,10 @@ pub fn build_state(
         config.enqueue_batch_max,
         enqueue_collectors,
     );
-    let mut url_policy = inventory::UrlPolicy::with_file_urls(config.analyzer_allow_file_urls);
-    url_policy.allow_private_hosts = config.analyzer_allow_private_hosts;
-    url_policy.allowed_ports = config
-        .allowed_ports()
+    let url_policy = config
+        .url_policy()
         .map_err(anyhow::Error::msg)
         .context("invalid configuration")?;
-    url_policy.dns_timeout = config.resolve_timeout;
     let resolve_limits = inventory::Limits {
         resolve_time: config.resolve_timeout,
         // `ls-remote` holds the remote's ref list; git needs far less than a fetch (a TLS
