@@ -217,21 +217,16 @@ async fn wait_for_replicas(db: &TestDb, n: i64) {
 
 /// Waits until job `id` is running.
 async fn wait_running(db: &TestDb, id: i64, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let running: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM fairlane_job WHERE id = $1 AND state = 'running'",
-        )
-        .bind(id)
-        .fetch_one(&db.pool)
-        .await
-        .expect("job state");
-        if running == 1 {
-            return;
-        }
-        assert!(Instant::now() < deadline, "job {id} never started");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    testkit::eventually(timeout, &format!("job {id} to start"), || async {
+        let state: String =
+            sqlx::query_scalar("SELECT state::text FROM fairlane_job WHERE id = $1")
+                .bind(id)
+                .fetch_one(&db.pool)
+                .await
+                .expect("job state");
+        (state == "running").then_some(())
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

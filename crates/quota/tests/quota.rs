@@ -272,18 +272,18 @@ async fn the_split_check_that_waited_sees_the_holders_reservation(db: &TestDb, p
         })
     };
     // Seen waiting for a lock by the server, not merely unfinished after a while.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while testkit::lock_waiting_statements(&db.pool).await.is_empty() {
-        assert!(
-            !second.is_finished(),
-            "the second check did not wait for the lock"
-        );
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the second check never waited for the lock"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    testkit::eventually(
+        Duration::from_secs(10),
+        "the second check to wait for the lock",
+        || async {
+            assert!(
+                !second.is_finished(),
+                "the second check did not wait for the lock"
+            );
+            (!testkit::lock_waiting_statements(&db.pool).await.is_empty()).then_some(())
+        },
+    )
+    .await;
     assert!(!second.is_finished());
     first.commit().await.unwrap();
     let outcome = second.await.unwrap();

@@ -49,22 +49,22 @@ async fn table_held_by_a_reader(db: &TestDb) -> PgConnection {
 /// tests beside it run the same statement in theirs), in a session other than `not`; returns
 /// that session's process id.
 async fn until_the_migration_waits(db: &TestDb, not: Option<i32>) -> i32 {
-    for _ in 0..400 {
-        let waiting: Option<i32> = sqlx::query_scalar(
-            "SELECT pid FROM pg_stat_activity WHERE query LIKE 'ALTER TABLE t%' \
-             AND wait_event_type = 'Lock' AND datname = current_database() \
-             AND pid IS DISTINCT FROM $1 LIMIT 1",
-        )
-        .bind(not)
-        .fetch_optional(&db.pool)
-        .await
-        .unwrap();
-        if let Some(pid) = waiting {
-            return pid;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("the migration never waited for its lock");
+    testkit::eventually(
+        Duration::from_secs(10),
+        "the migration to wait for its lock",
+        || async {
+            sqlx::query_scalar(
+                "SELECT pid FROM pg_stat_activity WHERE query LIKE 'ALTER TABLE t%' \
+                 AND wait_event_type = 'Lock' AND datname = current_database() \
+                 AND pid IS DISTINCT FROM $1 LIMIT 1",
+            )
+            .bind(not)
+            .fetch_optional(&db.pool)
+            .await
+            .unwrap()
+        },
+    )
+    .await
 }
 
 /// An insert into `t` from a session of its own that waits at most `patience` for its lock.
