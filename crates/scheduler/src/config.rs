@@ -158,6 +158,9 @@ pub const MIN_DATABASE_CONNECTIONS: u32 = 8;
 #[error("invalid scheduler configuration: {0}")]
 pub struct InvalidConfig(pub String);
 
+/// The shortest `QUEUE_DEPTH_INTERVAL`.
+pub const MIN_QUEUE_DEPTH_INTERVAL: Duration = Duration::from_millis(100);
+
 /// The longest `SCHEDULER_LEASE_TTL`.
 const MAX_LEASE_TTL: Duration = Duration::from_secs(3600);
 
@@ -190,15 +193,26 @@ impl Config {
         for (name, d) in [
             ("REANALYZE_AFTER", self.reanalyze_after),
             ("QUOTA_RESERVATION_TTL", self.quota_reservation_ttl),
-            ("QUEUE_DEPTH_INTERVAL", self.queue_depth_interval),
-            (
-                "QUEUE_DEPTH_FINAL_INTERVAL",
-                self.queue_depth_final_interval,
-            ),
         ] {
             if d.is_zero() {
                 return Err(InvalidConfig(format!("{name} must be longer than zero")));
             }
+        }
+        // Each live count is a statement on the primary; below this the leader would be counting
+        // all the time for a gauge scraped every few seconds at best.
+        if self.queue_depth_interval < MIN_QUEUE_DEPTH_INTERVAL {
+            return Err(InvalidConfig(format!(
+                "QUEUE_DEPTH_INTERVAL must be at least {MIN_QUEUE_DEPTH_INTERVAL:?}, got {:?}",
+                self.queue_depth_interval
+            )));
+        }
+        // Final states are counted in a live round that finds them due, so a shorter final
+        // period would silently mean the live one; say so instead.
+        if self.queue_depth_final_interval < self.queue_depth_interval {
+            return Err(InvalidConfig(format!(
+                "QUEUE_DEPTH_FINAL_INTERVAL ({:?}) must be at least QUEUE_DEPTH_INTERVAL ({:?})",
+                self.queue_depth_final_interval, self.queue_depth_interval
+            )));
         }
         if !(1..=10_000).contains(&self.reanalyze_batch) {
             return Err(InvalidConfig(format!(
@@ -316,6 +330,25 @@ mod tests {
         assert!(err(&[("REANALYZE_BATCH", "0")]).contains("REANALYZE_BATCH"));
         assert!(err(&[("REANALYZE_MAX_ATTEMPTS", "40000")]).contains("REANALYZE_MAX_ATTEMPTS"));
         assert!(err(&[("QUEUE_DEPTH_INTERVAL", "0s")]).contains("QUEUE_DEPTH_INTERVAL"));
+        assert_eq!(
+            err(&[("QUEUE_DEPTH_INTERVAL", "1ms")]),
+            "invalid scheduler configuration: QUEUE_DEPTH_INTERVAL must be at least 100ms, got 1ms"
+        );
+        assert_eq!(
+            err(&[
+                ("QUEUE_DEPTH_INTERVAL", "1m"),
+                ("QUEUE_DEPTH_FINAL_INTERVAL", "30s")
+            ]),
+            "invalid scheduler configuration: QUEUE_DEPTH_FINAL_INTERVAL (30s) must be at least QUEUE_DEPTH_INTERVAL (60s)"
+        );
+        assert!(
+            load(&[
+                ("QUEUE_DEPTH_INTERVAL", "100ms"),
+                ("QUEUE_DEPTH_FINAL_INTERVAL", "100ms")
+            ])
+            .check()
+            .is_ok()
+        );
         assert!(err(&[("SCHEDULER_LEASE_TTL", "10ms")]).contains("SCHEDULER_LEASE_TTL"));
         assert!(err(&[("SCHEDULER_LEASE_TTL", "30d")]).contains("SCHEDULER_LEASE_TTL"));
         assert!(err(&[("HTTP_ADDR", "nowhere")]).contains("HTTP_ADDR"));
