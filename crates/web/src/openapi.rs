@@ -124,7 +124,9 @@ fn add_errors(path: &str, method: &str, op: &mut Operation) {
              too long (`database_busy`), the database could not be reached \
              (`database_unavailable`, nothing changed), its commit failed or the connection was \
              lost during an admin write (`commit_outcome_unknown`), or, for an analysis served \
-             from the cache, the copy was saved and reading it back failed (`committed_unread`)",
+             from the cache, the copy was saved and reading it back failed (`committed_unread`); \
+             for analyses, the repository host's name could not be looked up just now \
+             (`dns_unavailable`)",
             true,
         );
     }

@@ -101,6 +101,12 @@ pub const CODES: &[(&str, u16, &str)] = &[
         503,
         "The request's writes were committed, but reading back what they created failed",
     ),
+    (
+        "dns_unavailable",
+        503,
+        "The repository host's name could not be looked up just now (the resolver failed or did \
+         not answer in time); nothing was changed",
+    ),
     ("not_ready", 503, "The service cannot serve requests yet"),
     (
         "database_busy",
@@ -293,6 +299,15 @@ impl Problem {
             "the database kept this request waiting too long; nothing was changed, retry shortly",
         )
         .header(http::header::RETRY_AFTER, HeaderValue::from_static("1"))
+    }
+
+    /// A 503 `dns_unavailable`: looking up the repository's host failed without an answer about
+    /// the name (the resolver failed or timed out), which a later try may get. Unlike a name the
+    /// DNS says does not exist, this is not the request's fault.
+    pub fn dns_unavailable(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "dns_unavailable", detail)
+            .with("field", "repository")
+            .header(http::header::RETRY_AFTER, HeaderValue::from_static("5"))
     }
 
     /// The database is out of reach (no connection within the pool's wait, a refused or lost

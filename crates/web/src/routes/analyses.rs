@@ -65,8 +65,13 @@ fn refused(e: &UrlError) -> Problem {
                  address, or resolves to an address that is not public)"
             ))
         }
+        // No answer about the name (the resolver failed or was slow): a retry may get one, so
+        // it is not answered like a name the DNS says does not exist.
         UrlError::Resolution { .. } | UrlError::ResolutionTimedOut { .. } => {
-            unreachable(format!("repository: {e}"))
+            tracing::warn!(error = %e, "looking up a repository host failed");
+            Problem::dns_unavailable(format!(
+                "repository: {e}; nothing was changed, retry shortly"
+            ))
         }
         _ => Problem::validation(format!("repository: {e}")).with("field", "repository"),
     }
@@ -291,5 +296,37 @@ mod tests {
         assert_eq!(answers[0]["code"], "repository_unreachable");
         assert_eq!(answers[0]["status"], 422);
         assert_eq!(answers[0]["field"], "repository");
+    }
+
+    /// A lookup that got no answer about the name is the moment's trouble, not the request's:
+    /// 503 with a `Retry-After`, not the 422 of a name that does not exist.
+    #[test]
+    fn a_lookup_without_an_answer_is_worth_retrying() {
+        for e in [
+            UrlError::Resolution {
+                host: "git.example.org".into(),
+                reason: "failed to lookup address information: Temporary failure in name \
+                         resolution"
+                    .into(),
+            },
+            UrlError::ResolutionTimedOut {
+                host: "git.example.org".into(),
+                timeout: std::time::Duration::from_secs(20),
+            },
+        ] {
+            let problem = refused(&e);
+            assert_eq!(
+                (problem.status(), problem.code()),
+                (StatusCode::SERVICE_UNAVAILABLE, "dns_unavailable")
+            );
+            let body = problem.body();
+            assert_eq!(body["field"], "repository");
+            assert!(
+                body["detail"].as_str().unwrap().contains("git.example.org"),
+                "{body}"
+            );
+            let response = axum::response::IntoResponse::into_response(problem);
+            assert_eq!(response.headers()[http::header::RETRY_AFTER], "5");
+        }
     }
 }
