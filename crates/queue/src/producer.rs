@@ -43,13 +43,22 @@ pub(crate) struct QueueWorker {
 /// `attempted_by` keeps the newest 100 workers (both statements below slice to them, as River
 /// does): a job that snoozes for as long as fairness holds it back is fetched again and again,
 /// and its row would otherwise grow with every fetch.
+///
+/// A run is dated (`attempted_at`) when the statement that starts it executes, once for all its
+/// rows (an uncorrelated subquery is evaluated once per execution), not when the fetch's
+/// transaction began: a fetch held up by a lock on the table (an index built by a migration)
+/// would otherwise date its runs from before the wait, and a repair running just as it got
+/// through would take them for runs whose fetch reply was lost and hand them back while this
+/// worker starts them. The rows of one fetch still share their date (fairness tells a fetch's
+/// own jobs apart by it: `fairness::store::other_running`).
+///
 /// Lock runnable rows in fetch order, then update exactly those row versions by their physical
 /// address (`ctid`): the rows are locked by this statement, so their addresses cannot change, and
 /// this spares a second index descent per row. A row updated by someone else between the
 /// statement's snapshot and the lock is simply not fetched this time.
 const FETCH_SQL: &str = "
 UPDATE fairlane_job j
-SET state = 'running', attempt = j.attempt + 1, attempted_at = now(),
+SET state = 'running', attempt = j.attempt + 1, attempted_at = (SELECT clock_timestamp()),
     attempted_by = (array_append(j.attempted_by, $3))[greatest(cardinality(j.attempted_by) - 98, 1):]
 WHERE j.ctid = ANY(ARRAY(
     SELECT ctid FROM fairlane_job
@@ -63,7 +72,7 @@ RETURNING j.*";
 /// (and one would let the planner pick the fetch index over the primary key).
 const START_SQL: &str = "
 UPDATE fairlane_job j
-SET state = 'running', attempt = j.attempt + 1, attempted_at = now(),
+SET state = 'running', attempt = j.attempt + 1, attempted_at = (SELECT clock_timestamp()),
     attempted_by = (array_append(j.attempted_by, $2))[greatest(cardinality(j.attempted_by) - 98, 1):]
 WHERE j.id = ANY($1)
 RETURNING j.*";

@@ -1286,6 +1286,70 @@ async fn a_lock_on_the_job_table_does_not_stop_the_heartbeat() {
     runs.assert_not_rescued_and_completed(&db, job).await;
 }
 
+/// A fetch held up by a lock on the job table dates its run from when it got through, not from
+/// when its transaction began. Dated from the beginning, a run fetched after a wait longer than
+/// the orphan grace looked, to a repair running just then, like one whose fetch reply was lost:
+/// it was handed back (attempt given back) while this worker started it, and ran twice at once.
+#[tokio::test]
+async fn a_fetch_held_up_by_a_lock_dates_its_run_from_when_it_got_through() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let mut workers = Workers::new();
+    workers.register_fn::<Noop, _, _>(|_, _| async move { Ok(()) });
+    let job = client
+        .insert(NewJob::new(q("q"), &Noop {}).unwrap())
+        .await
+        .unwrap()
+        .job;
+    // Writes wait; reads (the heartbeat's, the engine's start) go on.
+    let mut locker = db.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE fairlane_job IN SHARE MODE")
+        .execute(&mut *locker)
+        .await
+        .unwrap();
+    let config = fast_config();
+    let engine = start(&client, config.clone(), &[("q", 1)], workers);
+    eventually(
+        Duration::from_secs(20),
+        "a fetch waiting for the lock",
+        || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND wait_event_type = 'Lock' \
+                   AND query LIKE '%SET state = ''running''%'",
+            )
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+            (waiting > 0).then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(config.orphan_grace * 3).await;
+    let released_at: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
+        .fetch_one(&mut *locker)
+        .await
+        .unwrap();
+    locker.commit().await.unwrap();
+    let done = eventually(Duration::from_secs(20), "the job completed", || async {
+        let j = client.job(job.id).await.unwrap().unwrap();
+        (j.state == JobState::Completed).then_some(j)
+    })
+    .await;
+    let attempted_at = done.attempted_at.expect("a completed job was attempted");
+    assert!(
+        attempted_at >= released_at,
+        "the run is dated {attempted_at}, before the lock was released at {released_at}"
+    );
+    assert_eq!(done.attempt, 1);
+    assert!(
+        done.attempt_errors().is_empty(),
+        "{:?}",
+        done.attempt_errors()
+    );
+    engine.stop().await;
+}
+
 /// Why the first run of a job with `max_attempts` attempts was stopped, on an engine whose
 /// heartbeat looks stale (a trigger keeps it so, as if it could not reach the database) and whose
 /// run a rescue takes while it goes on; a second run completes at once. Returns the reason the
