@@ -238,7 +238,7 @@ impl Persister {
 
     /// Tries `batch` until it commits, the process abandons it, or the database has refused it
     /// `refusals` times. Connection errors and lost conflicts are not refusals: they are retried
-    /// for as long as it takes.
+    /// for as long as it takes; so is a statement timeout, unless the batch holds several jobs.
     async fn try_until(&self, batch: &[Completion], refusals: u32) -> Tried {
         let mut delay = Duration::from_millis(20);
         let mut failures = 0u32;
@@ -257,7 +257,11 @@ impl Persister {
                 }
                 Err(e) => {
                     failures += 1;
-                    if !e.is_transient() {
+                    // A batch of several jobs cut short by the statement timeout will most likely
+                    // be cut short again (too many rows, or hooks too slow for so many): that
+                    // counts towards splitting it. A single completion that times out is tried
+                    // again, since recording it as failed would throw away a run that succeeded.
+                    if !e.is_transient() || (batch.len() > 1 && e.is_statement_timeout()) {
                         refused += 1;
                     }
                     tracing::warn!(error = %e, jobs = batch.len(), failures, refused, "persisting completions failed");

@@ -51,6 +51,16 @@ impl QueueError {
             .is_some_and(|e| is_connection_error(e) || is_lost_conflict(e))
     }
 
+    /// Whether the database cancelled a statement for running past `statement_timeout` (57014
+    /// says so for a cancel request too; the message tells them apart).
+    pub fn is_statement_timeout(&self) -> bool {
+        self.database_error()
+            .and_then(sqlx::Error::as_database_error)
+            .is_some_and(|db| {
+                db.code().as_deref() == Some("57014") && db.message().contains("statement timeout")
+            })
+    }
+
     /// The database's error behind this one, if any: the queue's own statements', or a hook's or
     /// gate's that came from the database.
     pub fn database_error(&self) -> Option<&sqlx::Error> {
@@ -154,6 +164,28 @@ mod tests {
         assert!(QueueError::Hook(Box::new(sqlx::Error::PoolTimedOut)).is_transient());
         assert!(QueueError::Database(sqlx::Error::PoolClosed).is_transient());
         assert!(!QueueError::InvalidJob("no".into()).is_transient());
+    }
+
+    /// A statement cut short by `statement_timeout` is one; a cancel request (the same SQLSTATE)
+    /// and a lock timeout are not, also when a hook's error carries them.
+    #[tokio::test]
+    async fn a_statement_timeout_is_told_from_a_cancel_and_a_lock_timeout() {
+        let db = TestDb::new().await;
+        let timed_out = error_of(&db.pool, "SELECT pg_sleep(1)").await;
+        assert!(timed_out.is_statement_timeout(), "{timed_out}");
+        let QueueError::Database(timed_out) = timed_out else {
+            unreachable!()
+        };
+        assert!(QueueError::Hook(Box::new(timed_out)).is_statement_timeout());
+        let cancelled = error_after(&db.pool, "SELECT 1", &raising("57014")).await;
+        assert!(cancelled.is_transient() && !cancelled.is_statement_timeout());
+        let lock = error_after(&db.pool, "SELECT 1", &raising("55P03")).await;
+        assert!(lock.is_transient() && !lock.is_statement_timeout());
+        assert!(
+            !error_of(&db.pool, "SELECT 1/0")
+                .await
+                .is_statement_timeout()
+        );
     }
 
     /// A server that passes through a failover (read-only), a full disk or an I/O error refuses

@@ -1582,6 +1582,69 @@ async fn another_process_is_woken_through_notify_after_commit() {
     engine.stop().await;
 }
 
+/// Runs a batch of completions with more than one job past a 100 ms statement timeout (as a
+/// slow hook on a server with `statement_timeout` set would), and a single one slowly but
+/// within it, counting the batches of more than one job it saw.
+struct TimingOutBatches(Arc<AtomicUsize>);
+
+#[async_trait::async_trait]
+impl queue::TransitionHook for TimingOutBatches {
+    async fn on_transitions(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        transitions: &[queue::Transition],
+    ) -> Result<(), queue::BoxError> {
+        if !transitions.iter().all(|t| t.state == JobState::Completed) {
+            return Ok(());
+        }
+        if transitions.len() > 1 {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            sqlx::query("SET LOCAL statement_timeout = '100ms'")
+                .execute(&mut *conn)
+                .await?;
+        }
+        // A single completion takes long enough for the others to queue up behind it.
+        sqlx::query("SELECT pg_sleep(0.3)")
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    }
+}
+
+/// A batch of completions that runs past the statement timeout every time is split, and its jobs
+/// completed one by one; retried whole (a timeout is no refusal), it stayed `running` for ever,
+/// and the completer with it.
+#[tokio::test]
+async fn a_batch_that_always_times_out_is_split_instead_of_retried_for_ever() {
+    let db = TestDb::new().await;
+    let batches = Arc::new(AtomicUsize::new(0));
+    let client =
+        Client::new(db.pool.clone()).with_hooks(vec![Arc::new(TimingOutBatches(batches.clone()))]);
+    let mut workers = Workers::new();
+    workers.register_fn::<Noop, _, _>(|_, _| async { Ok(()) });
+    let noops: Vec<_> = (0..8)
+        .map(|_| NewJob::new(q("q"), &Noop {}).unwrap())
+        .collect();
+    client.insert_many(noops).await.unwrap();
+    let engine = start(&client, fast_config(), &[("q", 8)], workers);
+    eventually(Duration::from_secs(30), "every job completed", || async {
+        (count_in_state(&db.pool, "completed").await == 8).then_some(())
+    })
+    .await;
+    engine.stop().await;
+    assert!(
+        batches.load(Ordering::SeqCst) > 0,
+        "no batch of more than one completion was tried"
+    );
+    let errors: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM fairlane_job WHERE jsonb_array_length(errors) > 0 OR attempt <> 1",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(errors, 0, "a job was recorded as failed or ran again");
+}
+
 /// A hook that refuses every end of one kind's attempts (its completion, and the failure the
 /// completer records instead) leaves those runs unsaved. The heartbeat hands them back with
 /// their attempt used, so the job runs once per attempt and is discarded at the last, whose
