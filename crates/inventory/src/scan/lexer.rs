@@ -477,11 +477,14 @@ impl<'s> Lexer<'s> {
         let mut end = self.b.len();
         let mut inner_end = self.b.len();
         while m < self.b.len() {
+            // Counted up to the first byte that is not `#`: a closing run is read once, from
+            // the quote before it, however many hashes the opening had (counting all `hashes`
+            // bytes after every quote was quadratic in a line of quotes).
             if self.b[m] == b'"'
                 && self.b[m + 1..]
                     .iter()
                     .take(hashes)
-                    .filter(|&&c| c == b'#')
+                    .take_while(|&&c| c == b'#')
                     .count()
                     == hashes
             {
@@ -806,6 +809,28 @@ mod tests {
         assert_eq!(
             kinds("x = `a${`b${{c: 1}}`}d`; y", Lang::Js),
             ["id:x", "p:=", "s:a${`b${{c: 1}}`}d", "p:;", "id:y"]
+        );
+    }
+
+    #[test]
+    fn a_raw_string_with_many_hashes_and_quotes_is_read_in_linear_time() {
+        // Every quote inside used to count the opening's 300,000 hashes' worth of bytes after it.
+        let src = format!("r{}\"{}", "#".repeat(300_000), "\"".repeat(600_000));
+        let started = std::time::Instant::now();
+        assert_eq!(
+            lex(&src, Lang::Rust).len(),
+            1,
+            "one unterminated raw string"
+        );
+        // Milliseconds in a debug build; the quadratic count took minutes.
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            kinds(r####"x = r##"a"#b"##; y"####, Lang::Rust),
+            ["id:x", "p:=", "s:a\"#b", "p:;", "id:y"]
         );
     }
 
