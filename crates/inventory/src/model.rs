@@ -256,8 +256,9 @@ pub struct ScanStats {
     pub files_too_large: u64,
     /// Symbolic links not followed.
     pub symlinks_skipped: u64,
-    /// Candidate source files a scanner failed on (a bug in Fairlane, logged): left out, and
-    /// the rest of the tree scanned. Absent from inventories stored before it existed.
+    /// Candidate source files a scanner failed on (a bug in Fairlane, logged), and files or
+    /// folders whose full path is too long to open: left out, and the rest of the tree scanned.
+    /// Absent from inventories stored before it existed.
     #[serde(default)]
     pub files_unscannable: u64,
 }

@@ -14,9 +14,10 @@ mod python;
 mod rust;
 
 use std::collections::{BTreeMap, HashMap};
+use std::ffi::OsString;
 use std::fs;
 use std::io;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::model::{FileInventory, Framework, Inventory, OtherFunction, ScanStats, TestCase};
 use lexer::{Tok, Token};
@@ -67,27 +68,59 @@ pub struct ScanOptions {
     pub cancel: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
-/// The memory a test's text takes in an inventory: its name, suites and display name, with a
-/// `String`'s own size for each, and the rest of the record.
+/// The bytes `text` takes in an inventory: the larger of its length in memory and as a JSON
+/// string, where a control character is written `\u00XX` (six bytes for one), and a quote or a
+/// backslash is escaped; plus a `String`'s own size. A name or path of control characters (git
+/// allows them in file names) is six times larger stored than scanned.
+pub fn stored_bytes(text: &str) -> u64 {
+    let escapes: u64 = text
+        .bytes()
+        .map(|b| match b {
+            b'"' | b'\\' => 1,
+            0..0x20 => 5,
+            _ => 0,
+        })
+        .sum();
+    text.len() as u64 + escapes + size_of::<String>() as u64
+}
+
+/// The bytes a test takes in an inventory ([`stored_bytes`] of its name, suites and display
+/// name) and the rest of the record.
 pub fn test_bytes(test: &TestCase) -> u64 {
-    const STRING: u64 = size_of::<String>() as u64;
     const RECORD: u64 = size_of::<TestCase>() as u64;
-    let text = |s: &str| s.len() as u64 + STRING;
     RECORD
-        + text(&test.name)
-        + test.suite.iter().map(|s| text(s)).sum::<u64>()
-        + test.display_name.as_deref().map_or(0, text)
+        + stored_bytes(&test.name)
+        + test.suite.iter().map(|s| stored_bytes(s)).sum::<u64>()
+        + test.display_name.as_deref().map_or(0, stored_bytes)
 }
 
-/// The memory a Go benchmark, fuzz target or example takes in an inventory: its name, with a
-/// `String`'s own size, and the rest of the record.
+/// The bytes a Go benchmark, fuzz target or example takes in an inventory: its name
+/// ([`stored_bytes`]) and the rest of the record.
 pub fn other_bytes(other: &OtherFunction) -> u64 {
-    (size_of::<OtherFunction>() + other.name.len()) as u64
+    size_of::<OtherFunction>() as u64 + stored_bytes(&other.name)
 }
 
-/// The most memory the tests of one inventory may take ([`test_bytes`]): 64 MiB, a few times
-/// what the largest real repositories need, and well under PostgreSQL's limit for the `jsonb`
-/// that stores it. An analyzer runs several jobs at once.
+/// The bytes one file's entry of an inventory takes: its path ([`stored_bytes`]: a path is up to
+/// 4 KB, and copied into each framework's entry of its file), the record, and its tests and
+/// other functions.
+pub fn file_bytes(file: &FileInventory) -> u64 {
+    size_of::<FileInventory>() as u64
+        + stored_bytes(&file.path)
+        + file.tests.iter().map(test_bytes).sum::<u64>()
+        + file.other.iter().map(other_bytes).sum::<u64>()
+}
+
+/// The most bytes one file's tests may take ([`test_bytes`]); its scanner stops there, as at
+/// [`MAX_TESTS_PER_FILE`], and the walk then finds the repository's cap passed. Names are capped
+/// in characters, up to four bytes each, and a test copies its whole suite path: 10,000 tests
+/// under 32 suites of 300 four-byte characters took 380 MB before the repository's cap was
+/// checked, after the file.
+pub const MAX_TEST_BYTES_PER_FILE: u64 = MAX_TEST_BYTES_PER_REPOSITORY;
+
+/// The most bytes the files of one inventory may take ([`file_bytes`]: paths, names and suite
+/// paths, in memory or as JSON, whichever is larger): 64 MiB, a few times what the largest real
+/// repositories need, and well under PostgreSQL's limit for the `jsonb` that stores it. An
+/// analyzer runs several jobs at once.
 pub const MAX_TEST_BYTES_PER_REPOSITORY: u64 = 64 * 1024 * 1024;
 
 impl Default for ScanOptions {
@@ -150,6 +183,8 @@ pub const MAX_TESTS_PER_REPOSITORY: u64 = 500_000;
 pub(crate) struct Found {
     pub(crate) tests: Vec<(Framework, TestCase)>,
     pub(crate) other: Vec<OtherFunction>,
+    /// What the recorded entries take ([`test_bytes`], [`other_bytes`]).
+    pub(crate) bytes: u64,
 }
 
 /// The most tests, and Go benchmarks, fuzz targets and examples, recorded for one file; a
@@ -166,9 +201,11 @@ pub const MAX_NAME_CHARS: usize = 300;
 pub const MAX_SUITE_DEPTH: usize = 32;
 
 impl Found {
-    /// Whether the file's cap ([`MAX_TESTS_PER_FILE`]) is reached: the scanner stops.
+    /// Whether the file's cap ([`MAX_TESTS_PER_FILE`], [`MAX_TEST_BYTES_PER_FILE`]) is
+    /// reached: the scanner stops.
     pub(crate) fn is_full(&self) -> bool {
         self.tests.len() + self.other.len() >= MAX_TESTS_PER_FILE
+            || self.bytes >= MAX_TEST_BYTES_PER_FILE
     }
 
     /// Records a Go benchmark, fuzz target or example (nothing once the cap is reached), its name
@@ -180,6 +217,7 @@ impl Found {
         if other.name.chars().count() > MAX_NAME_CHARS {
             other.name = capped(&other.name);
         }
+        self.bytes += other_bytes(&other);
         self.other.push(other);
     }
 
@@ -206,6 +244,7 @@ impl Found {
                 *name = name.replace('\0', "\u{fffd}");
             }
         }
+        self.bytes += test_bytes(&test);
         self.tests.push((framework, test));
     }
 }
@@ -477,6 +516,11 @@ struct Walker<'a> {
     js_hints: HashMap<String, Option<Framework>>,
 }
 
+/// Whether `e` is the system refusing a path for its length (`ENAMETOOLONG`).
+fn too_long(e: &io::Error) -> bool {
+    e.kind() == io::ErrorKind::InvalidFilename
+}
+
 fn io_error(path: &str, source: io::Error) -> ScanError {
     ScanError::Io {
         path: if path.is_empty() {
@@ -512,15 +556,27 @@ impl Walker<'_> {
     fn walk_dir(&mut self, dir: &Path, rel: &str, depth: usize) -> Result<(), ScanError> {
         // Here too, not only per source file: a tree of folders without one would never stop.
         self.check_stop()?;
-        let mut entries: Vec<(String, PathBuf, fs::FileType)> = Vec::new();
-        for entry in fs::read_dir(dir).map_err(|e| io_error(rel, e))? {
+        let listing = match fs::read_dir(dir) {
+            Ok(listing) => listing,
+            Err(e) if too_long(&e) => {
+                self.path_too_long(rel);
+                return Ok(());
+            }
+            Err(e) => return Err(io_error(rel, e)),
+        };
+        // Names only: a folder's whole listing is held at once, and a full path per entry (up
+        // to 4 KB each in a crafted tree) would take a thousand times the names' memory.
+        let mut entries: Vec<(String, OsString, fs::FileType)> = Vec::new();
+        for entry in listing {
             let entry = entry.map_err(|e| io_error(rel, e))?;
             let file_type = entry.file_type().map_err(|e| io_error(rel, e))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            entries.push((name, entry.path(), file_type));
+            let file_name = entry.file_name();
+            let name = file_name.to_string_lossy().into_owned();
+            entries.push((name, file_name, file_type));
         }
         entries.sort_by(|a, b| a.0.cmp(&b.0));
-        for (name, path, file_type) in entries {
+        for (name, file_name, file_type) in entries {
+            let path = dir.join(&file_name);
             let child_rel = if rel.is_empty() {
                 name.clone()
             } else {
@@ -553,9 +609,14 @@ impl Walker<'_> {
             return Ok(());
         };
         self.check_stop()?;
-        let len = fs::symlink_metadata(path)
-            .map_err(|e| io_error(rel, e))?
-            .len();
+        let len = match fs::symlink_metadata(path) {
+            Ok(meta) => meta.len(),
+            Err(e) if too_long(&e) => {
+                self.path_too_long(rel);
+                return Ok(());
+            }
+            Err(e) => return Err(io_error(rel, e)),
+        };
         if len > self.options.max_file_bytes {
             self.stats.files_too_large += 1;
             return Ok(());
@@ -583,13 +644,7 @@ impl Walker<'_> {
                         limit: self.options.max_tests,
                     });
                 }
-                self.test_bytes += found
-                    .iter()
-                    .map(|f| {
-                        f.tests.iter().map(test_bytes).sum::<u64>()
-                            + f.other.iter().map(other_bytes).sum::<u64>()
-                    })
-                    .sum::<u64>();
+                self.test_bytes += found.iter().map(file_bytes).sum::<u64>();
                 if self.test_bytes > self.options.max_test_bytes {
                     return Err(ScanError::TooLarge {
                         limit: self.options.max_test_bytes,
@@ -603,6 +658,18 @@ impl Walker<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Leaves out a file or folder whose full path is longer than the system takes
+    /// (`ENAMETOOLONG`): git checks out by paths relative to the checkout, so it writes paths up
+    /// to 4 KB that the walk, under the checkout's own folder, cannot open. Failing the scan for
+    /// it failed the analysis, and each of its retries, the same way.
+    fn path_too_long(&mut self, rel: &str) {
+        self.stats.files_unscannable += 1;
+        tracing::warn!(
+            path_bytes = rel.len(),
+            "a path in the checkout is too long to open; it is left out"
+        );
     }
 
     /// The runner named by the nearest `package.json` at or above `dir` (inside the root) that

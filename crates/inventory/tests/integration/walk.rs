@@ -161,6 +161,116 @@ fn tests_whose_names_and_suites_take_too_much_memory_are_refused() {
     assert_eq!(inventory.totals.overall.tests, 3_000);
 }
 
+/// A file's scanner stops once its tests take the file's budget, not after the whole file:
+/// 32 nested suites of 300 four-byte characters over 9,968 tests (a 200 KB file, under the
+/// count cap) took 380 MB of a worker's memory before the repository's cap was checked. The
+/// walk still refuses it.
+#[test]
+fn a_file_of_long_nested_suites_stops_at_its_byte_budget() {
+    let title = "\u{1d54f}".repeat(300);
+    let mut source = String::new();
+    for _ in 0..32 {
+        source.push_str(&format!("describe('{title}', () => {{\n"));
+    }
+    source.push_str(&"it('x', () => {});\n".repeat(9_968));
+    for _ in 0..32 {
+        source.push_str("});\n");
+    }
+    let found = inventory::scan::scan_source(
+        "heavy.test.js",
+        inventory::scan::SourceKind::JavaScript,
+        &source,
+        inventory::Framework::Jest,
+    );
+    let recorded: u64 = found
+        .iter()
+        .flat_map(|f| &f.tests)
+        .map(inventory::scan::test_bytes)
+        .sum();
+    let one = inventory::scan::test_bytes(&found[0].tests[0]);
+    assert!(
+        recorded < inventory::scan::MAX_TEST_BYTES_PER_FILE + one,
+        "{recorded} bytes recorded for one file"
+    );
+    let dir = TempDir::new("walk-wide-suites");
+    write(dir.path(), "heavy.test.js", &source);
+    let refused = scan_tree(dir.path(), &ScanOptions::default());
+    assert!(
+        matches!(refused, Err(ScanError::TooLarge { .. })),
+        "{refused:?}"
+    );
+}
+
+/// Paths count towards the repository's bytes as they are stored: a file name of control
+/// characters is written six bytes a character in the inventory's JSON. 2,000 files of one tiny
+/// test each under such names, a few MB on disk and 250 KB of test names, made 19 MB of JSON
+/// under a 1 MiB cap.
+#[test]
+fn paths_count_towards_the_repository_cap_as_they_are_stored() {
+    let dir = TempDir::new("walk-control-paths");
+    let folder = (0..6)
+        .map(|_| "\u{1}".repeat(250))
+        .collect::<Vec<_>>()
+        .join("/");
+    let name = "\u{1}".repeat(200);
+    for n in 0..2_000 {
+        write(
+            dir.path(),
+            &format!("{folder}/{name}{n}.rs"),
+            "#[test] fn a() {}\n",
+        );
+    }
+    let small = ScanOptions {
+        max_test_bytes: 1 << 20,
+        ..ScanOptions::default()
+    };
+    let refused = scan_tree(dir.path(), &small);
+    assert!(
+        matches!(refused, Err(ScanError::TooLarge { limit: 1_048_576 })),
+        "{:?}",
+        refused.map(|i| serde_json::to_string(&i).map(|json| json.len()))
+    );
+    // Under the default cap it is stored, and its JSON is no larger than what was counted.
+    let inventory = scan_tree(dir.path(), &ScanOptions::default()).unwrap();
+    assert_eq!(inventory.totals.overall.tests, 2_000);
+    let counted: u64 = inventory
+        .files
+        .iter()
+        .map(inventory::scan::file_bytes)
+        .sum();
+    let json = serde_json::to_string(&inventory).unwrap().len() as u64;
+    assert!(json <= counted, "{json} bytes of JSON, {counted} counted");
+}
+
+/// A path git wrote relative to the checkout but too long to open under the checkout's own
+/// folder (`ENAMETOOLONG`) is left out and counted, and the rest is scanned: failing the scan
+/// failed the analysis, and every retry, the same way.
+#[test]
+fn a_path_too_long_to_open_is_left_out() {
+    let dir = TempDir::new("walk-long-path");
+    write(dir.path(), "src/lib.rs", "#[test] fn kept() {}\n");
+    // Built from the bottom up, each level moved into a new short folder: 17 levels of 250
+    // bytes is over PATH_MAX (4,096) from the root, which no call with a full path can make.
+    let level = "d".repeat(250);
+    let mut chain = dir.path().join("chain0");
+    std::fs::create_dir(&chain).unwrap();
+    std::fs::write(chain.join("deep.rs"), "#[test] fn deep() {}\n").unwrap();
+    for n in 1..=17 {
+        let outer = dir.path().join(format!("chain{n}"));
+        std::fs::create_dir(&outer).unwrap();
+        std::fs::rename(&chain, outer.join(&level)).unwrap();
+        chain = outer;
+    }
+    let inventory = scan_tree(dir.path(), &ScanOptions::default()).unwrap();
+    let paths: Vec<_> = inventory.files.iter().map(|f| f.path.as_str()).collect();
+    assert_eq!(paths, ["src/lib.rs"]);
+    assert!(
+        inventory.stats.files_unscannable >= 1,
+        "{:?}",
+        inventory.stats
+    );
+}
+
 #[test]
 fn a_tree_of_folders_without_source_files_still_stops_at_the_deadline() {
     let dir = TempDir::new("walk-folders");
