@@ -349,11 +349,12 @@ async fn read_tail(mut reader: impl AsyncRead + Unpin) -> Vec<u8> {
     kept
 }
 
-/// Total apparent size in bytes of the files and folders under `dir` (symlinks not followed;
-/// unreadable entries count as zero, since they are usually files git is replacing). Folders
-/// count with their own size (a block each), so a checkout of millions of empty folders does
-/// not measure as nothing.
-pub(crate) fn disk_usage(dir: &Path) -> u64 {
+/// What the files and folders under `dir` take on disk: each at the larger of its size and the
+/// blocks it holds (symlinks not followed; unreadable entries count as zero, since they are
+/// usually files git is replacing). A one-byte file holds a block, as a volume's limit counts it
+/// (`du`, an `emptyDir`'s `sizeLimit`), and folders count with their own size, so a checkout of
+/// millions of empty folders or tiny files does not measure as nothing.
+pub fn disk_usage(dir: &Path) -> u64 {
     let mut total = 0u64;
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -364,7 +365,8 @@ pub(crate) fn disk_usage(dir: &Path) -> u64 {
             let Ok(meta) = entry.path().symlink_metadata() else {
                 continue;
             };
-            total = total.saturating_add(meta.len());
+            let blocks = std::os::unix::fs::MetadataExt::blocks(&meta).saturating_mul(512);
+            total = total.saturating_add(meta.len().max(blocks));
             if meta.is_dir() {
                 stack.push(entry.path());
             }

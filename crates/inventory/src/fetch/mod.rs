@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+pub use git::disk_usage;
 pub use workdir::{CHECKOUT_PREFIX, SweepReport, WorkDir, process_start_time, sweep_stale};
 
 use crate::url_policy::{Scheme, VettedUrl, redact};
@@ -749,6 +750,14 @@ async fn fetch_commit_until(
     if !checkout.success() {
         return Err(classify_failure(Stage::Checkout, &checkout, None));
     }
+    // Measured once more when done: the watch polls, and the last of the checkout (git's
+    // index, written at the end) can fall between two of its measurements.
+    if measure(dir.path()).await > limits.max_bytes {
+        return Err(FetchError::TooLarge {
+            stage: Stage::Checkout,
+            limit: limits.max_bytes,
+        });
+    }
     tracing::debug!(url = %url.url(), %commit, files = tree.files, bytes = tree.bytes, "checked out");
     Ok(Checkout {
         commit,
@@ -762,13 +771,28 @@ const CHECKOUT_AS_STORED: &str = "* -text -eol -ident -filter -working-tree-enco
 
 async fn measure(dir: &Path) -> u64 {
     let dir = dir.to_path_buf();
-    tokio::task::spawn_blocking(move || git::disk_usage(&dir))
+    tokio::task::spawn_blocking(move || disk_usage(&dir))
         .await
         .unwrap_or(u64::MAX)
 }
 
 /// What a folder is reckoned to take on disk (one file system block).
 const FOLDER_BYTES: u64 = 4096;
+
+/// The file system block a file's content is reckoned in: a one-byte file takes one.
+const BLOCK_BYTES: u64 = 4096;
+
+/// What an entry of git's index takes besides its path: 62 bytes of stat data and object id,
+/// and up to 8 of padding.
+const INDEX_ENTRY_BYTES: u64 = 70;
+
+/// What a file of `size` bytes at a path of `path_len` bytes takes once checked out: its
+/// content in whole blocks, and its entry in git's index, which holds every path.
+fn checked_out_bytes(size: u64, path_len: u64) -> u64 {
+    size.div_ceil(BLOCK_BYTES)
+        .saturating_mul(BLOCK_BYTES)
+        .saturating_add(INDEX_ENTRY_BYTES + path_len)
+}
 
 /// Counts the files and folders in `git ls-tree -r -t -l -z` output as it streams, with their
 /// sizes. Folders count: a tree of a hundred thousand references to one deep chain of folders
@@ -813,6 +837,8 @@ impl TreeTally {
             let record = std::mem::take(&mut self.partial);
             // "<mode> SP <type> SP <object> SP+ <size> TAB <path>"
             let meta = record.split(|&c| c == b'\t').next().unwrap_or(&[]);
+            // Kept up to 8 KiB of the record, past git's longest path (4 KiB).
+            let path_len = record.len().saturating_sub(meta.len() + 1) as u64;
             let fields: Vec<&[u8]> = meta
                 .split(|&c| c == b' ')
                 .filter(|f| !f.is_empty())
@@ -824,11 +850,13 @@ impl TreeTally {
                         .and_then(|s| std::str::from_utf8(s).ok())
                         .and_then(|s| s.parse::<u64>().ok())
                         .unwrap_or(0);
-                    self.count(size)?;
+                    self.count(checked_out_bytes(size, path_len))?;
                 }
                 // A submodule link (`commit`) is checked out as an empty folder, submodules off
-                // or not: it counts as one, or a tree of millions of links would pass the cap.
-                Some(b"tree" | b"commit") => self.count(FOLDER_BYTES)?,
+                // or not, with an entry in the index: it counts as one, or a tree of millions of
+                // links would pass the cap.
+                Some(b"commit") => self.count(FOLDER_BYTES + INDEX_ENTRY_BYTES + path_len)?,
+                Some(b"tree") => self.count(FOLDER_BYTES)?,
                 _ => {}
             }
         }
@@ -873,7 +901,20 @@ mod tests {
         for chunk in listing.chunks(7) {
             tally.feed(chunk).unwrap();
         }
-        assert_eq!((tally.files, tally.bytes), (4, 42 + 2 * FOLDER_BYTES));
+        // Two blobs of a block each, two folders, and the index entries of the blobs and the
+        // link, with their paths (`src/a.rs`, `sub`, `x y`).
+        assert_eq!(
+            (tally.files, tally.bytes),
+            (
+                4,
+                2 * BLOCK_BYTES + 2 * FOLDER_BYTES + 3 * INDEX_ENTRY_BYTES + (8 + 3 + 3)
+            )
+        );
+        assert_eq!(checked_out_bytes(0, 1), INDEX_ENTRY_BYTES + 1);
+        assert_eq!(
+            checked_out_bytes(4097, 0),
+            2 * BLOCK_BYTES + INDEX_ENTRY_BYTES
+        );
         let mut small = TreeTally::new(1);
         assert!(matches!(
             small.feed(listing),

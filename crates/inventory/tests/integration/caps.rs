@@ -318,6 +318,41 @@ fn sweep_removes_folders_of_dead_processes_and_keeps_live_ones() {
     );
 }
 
+/// Small files count at what they take on disk: a block each, and their entry in git's index
+/// (which holds every path). 3,000 one-byte files are 3 KB by their sizes and 12 MB checked
+/// out, and used to pass a 4 MiB cap.
+#[tokio::test]
+async fn small_files_count_at_what_they_take_on_disk_before_checkout() {
+    let repo = GitFixture::new("caps-small-files");
+    for n in 0..3_000 {
+        repo.write(&format!("f/{n}.txt"), "x");
+    }
+    repo.commit("many small files");
+    let root = TempDir::new("caps-small-files-work");
+    let limits = capped(root.path(), 4 * 1024 * 1024, 10_000);
+    let url = vet_url(&repo.url(), &policy()).await.unwrap();
+    let err = fetch(&url, None, &limits).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            FetchError::TooLarge {
+                stage: Stage::Checkout,
+                limit: 4_194_304
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(leftovers(&limits.work_root), Vec::<String>::new());
+    // Within a cap that holds them, the checkout passes, and measures no more than reckoned.
+    let roomy = capped(root.path(), 64 * 1024 * 1024, 10_000);
+    let checkout = fetch(&url, None, &roomy).await.unwrap();
+    let used = inventory::fetch::disk_usage(checkout.folder());
+    assert!(
+        (3_000 * 4096..64 * 1024 * 1024).contains(&used),
+        "{used} bytes on disk"
+    );
+}
+
 #[tokio::test]
 async fn folders_count_against_the_file_cap_before_checkout() {
     // Three files, but at the end of a chain of twenty folders: a crafted tree can reference one
