@@ -16,7 +16,8 @@
 //! caller that gives up while the pool has none free takes none (a dropped `acquire` is
 //! harmless), and only one already holding a connection sees its `BEGIN` through.
 
-use sqlx::{PgPool, Postgres, SqlSafeStr, Transaction};
+use sqlx::pool::PoolConnection;
+use sqlx::{PgConnection, PgPool, Postgres, SqlSafeStr, Transaction};
 
 /// `BEGIN` on a connection of `pool`, seen through even if the caller's future is dropped.
 pub async fn begin(pool: &PgPool) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
@@ -33,6 +34,64 @@ pub async fn begin_with(
     let connection = pool.acquire().await?;
     see_through(async move { Transaction::begin(connection, Some(statement.into_sql_str())).await })
         .await
+}
+
+/// `BEGIN …` (`begin`: the statement and its settings) followed by the server's own limits for a
+/// transaction the engine gives up on after `database_timeout`: it waits for a lock at most
+/// half of that (`lock_timeout`), so a wait behind a long lock (a migration building an index)
+/// ends on the server, answered, rather than at the engine's deadline, which closes the
+/// connection and leaves its backend queued for the lock; and a session left inside it, idle,
+/// for longer than that is ended by the server (`idle_in_transaction_session_timeout`), so a
+/// transaction whose client is gone without a word does not keep its row locks.
+pub(crate) fn with_server_limits(begin: &str, database_timeout: std::time::Duration) -> String {
+    let ms = database_timeout.as_millis().clamp(2, i32::MAX as u128);
+    format!(
+        "{begin}; SET LOCAL lock_timeout = {}; SET LOCAL idle_in_transaction_session_timeout = {ms}",
+        ms / 2
+    )
+}
+
+/// A connection of a pool that is closed when dropped, unless [released](Self::release) to the
+/// pool: work given up midway (a deadline, a future dropped, an error, possibly in a `BEGIN`
+/// sqlx does not track) never sends back a connection in an unknown state, and a connection
+/// whose path went silent is cut instead of being pinged on its way back, which would hold its
+/// pool slot until the kernel gives up on it.
+pub(crate) struct ClosedUnlessReleased(Option<PoolConnection<Postgres>>);
+
+impl ClosedUnlessReleased {
+    pub(crate) async fn acquire(pool: &PgPool) -> Result<Self, sqlx::Error> {
+        Ok(Self(Some(pool.acquire().await?)))
+    }
+
+    /// Sends the connection back to the pool, its work done.
+    pub(crate) fn release(mut self) {
+        drop(self.0.take());
+    }
+}
+
+impl std::ops::Deref for ClosedUnlessReleased {
+    type Target = PgConnection;
+
+    fn deref(&self) -> &PgConnection {
+        self.0.as_deref().expect("held until released or dropped")
+    }
+}
+
+impl std::ops::DerefMut for ClosedUnlessReleased {
+    fn deref_mut(&mut self) -> &mut PgConnection {
+        self.0
+            .as_deref_mut()
+            .expect("held until released or dropped")
+    }
+}
+
+impl Drop for ClosedUnlessReleased {
+    fn drop(&mut self) {
+        if let Some(connection) = &mut self.0 {
+            // sqlx closes it in a task of its own, given up after 5 s.
+            connection.close_on_drop();
+        }
+    }
 }
 
 /// Runs `begin` in a task of its own and waits for it.
@@ -52,6 +111,26 @@ where
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
+
+    /// The server's limits: half the timeout for a lock, all of it idle in the transaction; in
+    /// range of PostgreSQL's `int` of milliseconds whatever the setting.
+    #[test]
+    fn server_limits_follow_the_database_timeout() {
+        assert_eq!(
+            super::with_server_limits("BEGIN", Duration::from_secs(60)),
+            "BEGIN; SET LOCAL lock_timeout = 30000; \
+             SET LOCAL idle_in_transaction_session_timeout = 60000"
+        );
+        assert_eq!(
+            super::with_server_limits("BEGIN", Duration::from_secs(100 * 24 * 3600)),
+            "BEGIN; SET LOCAL lock_timeout = 1073741823; \
+             SET LOCAL idle_in_transaction_session_timeout = 2147483647"
+        );
+        assert!(
+            super::with_server_limits("BEGIN", Duration::from_micros(1))
+                .ends_with("lock_timeout = 1; SET LOCAL idle_in_transaction_session_timeout = 2")
+        );
+    }
 
     use sqlx::Connection;
     use sqlx::postgres::PgPoolOptions;

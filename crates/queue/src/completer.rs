@@ -20,6 +20,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::RetryPolicy;
+use crate::begin::ClosedUnlessReleased;
 use crate::context::JobContext;
 use crate::error::QueueError;
 use crate::hooks::{Transition, TransitionHook, run_hooks, wakes_after_commit};
@@ -80,11 +81,16 @@ pub(crate) struct Completer {
     /// Fired when the process gives up on persisting (hard shutdown with the database away).
     pub(crate) abandon: CancellationToken,
     pub(crate) waker: Arc<Waker>,
+    /// The longest one try of a batch waits for the database (`EngineConfig::database_timeout`).
+    pub(crate) database_timeout: Duration,
 }
 
 /// The part of the completer that persisting tasks share.
 struct Persister {
     pool: PgPool,
+    database_timeout: Duration,
+    /// [`COMPLETION_BEGIN_SQL`] with the server's limits ([`crate::begin::with_server_limits`]).
+    begin: String,
     hooks: Arc<[Arc<dyn TransitionHook>]>,
     retry: RetryPolicy,
     metrics: QueueMetrics,
@@ -106,9 +112,12 @@ impl Completer {
             inflight,
             abandon,
             waker,
+            database_timeout,
         } = self;
         let persister = Arc::new(Persister {
             pool,
+            database_timeout,
+            begin: crate::begin::with_server_limits(COMPLETION_BEGIN_SQL, database_timeout),
             hooks,
             retry,
             metrics,
@@ -297,11 +306,21 @@ impl Persister {
         }
     }
 
+    /// One try of `batch`, within the database timeout: past it, or on any error, the
+    /// connection is closed rather than pooled ([`ClosedUnlessReleased`]). A try given up after
+    /// its `COMMIT` was sent may have committed; the next finds its jobs no longer running this
+    /// attempt and changes nothing.
     async fn persist(&self, batch: &[Completion]) -> Result<HashSet<JobId>, QueueError> {
-        let mut tx = crate::begin::begin_with(&self.pool, COMPLETION_BEGIN_SQL).await?;
-        let transitions = persist_batch(&mut tx, batch, &self.retry).await?;
-        run_hooks(&self.hooks, &mut tx, &transitions).await?;
-        tx.commit().await?;
+        let deadline = tokio::time::Instant::now() + self.database_timeout;
+        let attempt = async {
+            let mut connection = ClosedUnlessReleased::acquire(&self.pool).await?;
+            let transitions = self.persist_on(&mut connection, batch).await?;
+            connection.release();
+            Ok::<_, QueueError>(transitions)
+        };
+        let transitions = tokio::time::timeout_at(deadline, attempt)
+            .await
+            .map_err(|_| QueueError::Unanswered(self.database_timeout))??;
         // After commit: jobs handed back are runnable again, and hooks may want producers woken
         // (a freed fairness slot).
         let mut wake: Vec<String> = wakes_after_commit(&self.hooks, &transitions);
@@ -313,6 +332,20 @@ impl Persister {
         );
         self.waker.wake(wake.iter().map(String::as_str));
         Ok(transitions.into_iter().map(|t| t.job_id).collect())
+    }
+
+    /// The completion transaction of `batch` on `connection`, committed.
+    async fn persist_on(
+        &self,
+        connection: &mut PgConnection,
+        batch: &[Completion],
+    ) -> Result<Vec<Transition>, QueueError> {
+        let begin = sqlx::AssertSqlSafe(self.begin.clone());
+        let mut tx = sqlx::Connection::begin_with(connection, begin).await?;
+        let transitions = persist_batch(&mut tx, batch, &self.retry).await?;
+        run_hooks(&self.hooks, &mut tx, &transitions).await?;
+        tx.commit().await?;
+        Ok(transitions)
     }
 }
 

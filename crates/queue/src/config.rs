@@ -46,6 +46,13 @@ pub struct EngineConfig {
     /// lost with a connection) is handed back after this long.
     #[serde(with = "humantime_serde")]
     pub orphan_grace: Duration,
+    /// The longest a fetch or a completion waits for the database, from asking for a
+    /// connection to the commit's answer. Past it the connection is closed, not pooled, and the
+    /// work tried again on another: a connection whose path went silent (a failover to another
+    /// host, a dropped route) would otherwise hold it until the kernel gives up, about 15
+    /// minutes, while the heartbeat, on a connection of its own, keeps its jobs from the rescuer.
+    #[serde(with = "humantime_serde")]
+    pub database_timeout: Duration,
     /// Whether this process takes part in the election for fleet-wide maintenance.
     pub maintenance: bool,
     /// How often the maintenance leader makes due scheduled/retryable jobs available.
@@ -87,6 +94,7 @@ impl Default for EngineConfig {
             heartbeat_interval: Duration::from_secs(5),
             rescue_after: Duration::from_secs(20),
             orphan_grace: Duration::from_secs(10),
+            database_timeout: Duration::from_secs(60),
             maintenance: true,
             promote_interval: Duration::from_secs(1),
             rescue_interval: Duration::from_secs(5),
@@ -152,6 +160,7 @@ impl EngineConfig {
             ("clean_interval", self.clean_interval),
             ("leader_ttl", self.leader_ttl),
             ("job_timeout", self.job_timeout),
+            ("database_timeout", self.database_timeout),
         ] {
             if d.is_zero() {
                 return Err(format!("{} must be greater than zero", name(field)));

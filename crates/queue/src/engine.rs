@@ -159,6 +159,10 @@ impl Engine {
             metrics: metrics.clone(),
             db_health: Arc::new(DbHealth::default()),
             waker: Arc::clone(b.client.waker()),
+            fetch_begin: crate::begin::with_server_limits(
+                crate::hooks::FETCH_BEGIN_SQL,
+                config.database_timeout,
+            ),
         });
         rt.db_health.record(true);
 
@@ -261,6 +265,7 @@ impl Engine {
                 inflight: Arc::clone(&inflight),
                 abandon: abandon.clone(),
                 waker: Arc::clone(b.client.waker()),
+                database_timeout: config.database_timeout,
             }
             .run(),
         );

@@ -5,6 +5,10 @@
 pub enum QueueError {
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    /// The database gave no answer within the engine's `database_timeout`; the connection was
+    /// closed.
+    #[error("the database gave no answer within {0:?}; the connection was closed")]
+    Unanswered(std::time::Duration),
     #[error("invalid job: {0}")]
     InvalidJob(String),
     #[error("job arguments could not be encoded as JSON: {0}")]
@@ -38,6 +42,7 @@ impl QueueError {
     pub fn is_connection_error(&self) -> bool {
         match self {
             QueueError::Database(e) => is_connection_error(e),
+            QueueError::Unanswered(_) => true,
             _ => false,
         }
     }
@@ -47,8 +52,10 @@ impl QueueError {
     /// timeout), also when a hook or the gate met it. Anything else is the database refusing
     /// this particular work, and will refuse it again.
     pub fn is_transient(&self) -> bool {
-        self.database_error()
-            .is_some_and(|e| is_connection_error(e) || is_lost_conflict(e))
+        matches!(self, QueueError::Unanswered(_))
+            || self
+                .database_error()
+                .is_some_and(|e| is_connection_error(e) || is_lost_conflict(e))
     }
 
     /// Whether the database cancelled a statement for running past `statement_timeout` (57014

@@ -71,7 +71,7 @@ macro_rules! ordered_scan_settings {
 ///   that guess is below the limit (a lane of fewer than 200 times the limit's rows), it reads
 ///   the lane's whole backlog through a bitmap and sorts it, on every fetch, and the fairness
 ///   gate tries its per-user advisory lock on every row it reads.
-const FETCH_BEGIN_SQL: &str = concat!(
+pub(crate) const FETCH_BEGIN_SQL: &str = concat!(
     "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL synchronous_commit = off; ",
     ordered_scan_settings!()
 );

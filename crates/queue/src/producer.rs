@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::begin::ClosedUnlessReleased;
 use crate::error::QueueError;
 use crate::executor::{self, Dispatch};
 use crate::job::{JobId, JobRow};
@@ -221,9 +222,31 @@ impl QueueWorker {
         (self.max_workers.min(rt.config.fetch_limit) / 2).max(1)
     }
 
+    /// One fetch, within the database timeout: past it, or on any error, the connection is
+    /// closed rather than pooled ([`ClosedUnlessReleased`]). A fetch given up after its `COMMIT`
+    /// was sent may have committed: its jobs are `running` here unreceived, and the heartbeat's
+    /// repair hands them back after the orphan grace.
     async fn fetch(&self, rt: &Runtime, want: usize) -> Result<(Vec<JobRow>, bool), QueueError> {
+        let attempt = async {
+            let mut connection = ClosedUnlessReleased::acquire(&rt.pool).await?;
+            let fetched = self.fetch_on(rt, &mut connection, want).await?;
+            connection.release();
+            Ok::<_, QueueError>(fetched)
+        };
+        tokio::time::timeout(rt.config.database_timeout, attempt)
+            .await
+            .map_err(|_| QueueError::Unanswered(rt.config.database_timeout))?
+    }
+
+    async fn fetch_on(
+        &self,
+        rt: &Runtime,
+        connection: &mut PgConnection,
+        want: usize,
+    ) -> Result<(Vec<JobRow>, bool), QueueError> {
         let limit = i64::try_from(want).unwrap_or(i64::MAX);
-        let mut tx = crate::hooks::begin_fetch(&rt.pool).await?;
+        let begin = sqlx::AssertSqlSafe(rt.fetch_begin.clone());
+        let mut tx = sqlx::Connection::begin_with(connection, begin).await?;
         match &rt.gate {
             None => {
                 let jobs = sqlx::query_as::<_, JobRow>(FETCH_SQL)

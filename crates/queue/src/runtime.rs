@@ -201,4 +201,7 @@ pub(crate) struct Runtime {
     pub(crate) metrics: QueueMetrics,
     pub(crate) db_health: Arc<DbHealth>,
     pub(crate) waker: Arc<crate::wake::Waker>,
+    /// The fetch transaction's `BEGIN` with its settings and the server's limits
+    /// ([`crate::begin::with_server_limits`]).
+    pub(crate) fetch_begin: String,
 }

@@ -1286,6 +1286,80 @@ async fn a_lock_on_the_job_table_does_not_stop_the_heartbeat() {
     runs.assert_not_rescued_and_completed(&db, job).await;
 }
 
+/// A completion whose connection goes silent (a failover to another host, a dropped route:
+/// nothing answers and nothing is cut) is given up at the engine's database timeout, its
+/// connection closed, and persisted on a fresh one. Without a deadline it waited for the
+/// kernel to give up on the connection (about 15 minutes), with the job `running` and the
+/// heartbeat, on a connection of its own, keeping it from the rescuer.
+#[tokio::test]
+async fn a_completion_on_a_connection_gone_silent_is_persisted_on_a_fresh_one() {
+    let db = TestDb::new().await;
+    let proxy = testkit::proxy::TcpProxy::start(db.server_address()).await;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(8)
+        .connect(&db.url_through(proxy.addr()))
+        .await
+        .unwrap();
+    let client = Client::new(pool);
+    let release = Arc::new(tokio::sync::Semaphore::new(0));
+    let mut workers = Workers::new();
+    {
+        let release = release.clone();
+        workers.register_fn::<Noop, _, _>(move |_, _| {
+            let release = release.clone();
+            async move {
+                release
+                    .acquire()
+                    .await
+                    .map_err(|e| JobError::msg(e.to_string()))?
+                    .forget();
+                Ok(())
+            }
+        });
+    }
+    let first = client
+        .insert(NewJob::new(q("q"), &Noop {}).unwrap())
+        .await
+        .unwrap()
+        .job;
+    let config = queue::EngineConfig {
+        database_timeout: Duration::from_secs(1),
+        ..fast_config()
+    };
+    let engine = start(&client, config, &[("q", 2)], workers);
+    eventually(Duration::from_secs(10), "the job running", || async {
+        (state_of(&db.pool, first.id).await == "running").then_some(())
+    })
+    .await;
+    // Every open connection of the engine goes silent; new ones reach the database again.
+    proxy.stall();
+    proxy.forward_to(db.server_address());
+    release.add_permits(1);
+    eventually(Duration::from_secs(30), "the job completed", || async {
+        (state_of(&db.pool, first.id).await == "completed").then_some(())
+    })
+    .await;
+    // And the engine fetches and completes new work.
+    let second = client
+        .insert(NewJob::new(q("q"), &Noop {}).unwrap())
+        .await
+        .unwrap()
+        .job;
+    release.add_permits(1);
+    eventually(Duration::from_secs(30), "a later job completed", || async {
+        (state_of(&db.pool, second.id).await == "completed").then_some(())
+    })
+    .await;
+    let reruns: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM fairlane_job WHERE attempt <> 1 OR jsonb_array_length(errors) > 0",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(reruns, 0, "a job was rescued or run again");
+    engine.stop().await;
+}
+
 /// A fetch held up by a lock on the job table dates its run from when it got through, not from
 /// when its transaction began. Dated from the beginning, a run fetched after a wait longer than
 /// the orphan grace looked, to a repair running just then, like one whose fetch reply was lost:
