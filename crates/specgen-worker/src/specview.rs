@@ -115,9 +115,26 @@ impl SpecviewWorker {
     }
 }
 
+/// The most a specview may hold: its structured JSON and its Markdown together. A test's name
+/// becomes its title beside it, in both, so a specview is up to about three and a half times its
+/// analysis's inventory (capped at 64 MiB): 215 MB for one within that cap, made of 300-character
+/// names of `*`, which Markdown escapes. The job holds the two texts and the database driver
+/// copies each twice while storing them, and `web` holds them while answering, in pods of 512 MiB.
+pub const MAX_SPECVIEW_BYTES: u64 = 64 * 1024 * 1024;
+
 /// The specification of a claimed record's analysis, structured and as Markdown; `Err` says why
 /// there can be none.
 pub fn build(record: SpecviewRecord) -> Result<(SpecviewResult, String), String> {
+    build_within(record, MAX_SPECVIEW_BYTES)
+}
+
+/// [`build`], refusing a specification whose JSON and Markdown together take more than
+/// `max_bytes`. The JSON is measured without being written out, and before the Markdown is
+/// rendered; the analysis's text and inventory are let go once the specification is built.
+pub fn build_within(
+    record: SpecviewRecord,
+    max_bytes: u64,
+) -> Result<(SpecviewResult, String), String> {
     let analysis_id = record.analysis_id;
     if record.analysis_state != WorkState::Completed {
         return Err(format!(
@@ -130,15 +147,46 @@ pub fn build(record: SpecviewRecord) -> Result<(SpecviewResult, String), String>
     };
     let analysis: inventory::Analysis = serde_json::from_str(&text)
         .map_err(|e| format!("the result of analysis {analysis_id} cannot be read: {e}"))?;
+    drop(text);
     let spec = Spec::from_inventory(&analysis.inventory);
-    let markdown = spec.to_markdown();
     let result = SpecviewResult {
         analysis_id,
         repository: record.repository,
         commit: record.commit.unwrap_or(analysis.commit),
         spec,
     };
+    let too_large = |bytes: u64| {
+        format!(
+            "the specification is too large: more than {max_bytes} bytes of JSON and Markdown \
+             (at least {bytes})"
+        )
+    };
+    let mut json = ByteCount(0);
+    serde_json::to_writer(&mut json, &result)
+        .map_err(|e| format!("the specification cannot be stored as JSON: {e}"))?;
+    if json.0 > max_bytes {
+        return Err(too_large(json.0));
+    }
+    let markdown = result.spec.to_markdown();
+    let total = json.0 + markdown.len() as u64;
+    if total > max_bytes {
+        return Err(too_large(total));
+    }
     Ok((result, markdown))
+}
+
+/// A writer that only counts the bytes written to it.
+struct ByteCount(u64);
+
+impl std::io::Write for ByteCount {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0 += bytes.len() as u64;
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -197,6 +245,60 @@ mod tests {
         assert_eq!(
             json["files"][0]["nodes"][0]["children"][1]["title"],
             "handles overflow"
+        );
+    }
+
+    /// A specification past the cap is refused for good, with its size, before its Markdown is
+    /// rendered when its JSON alone is past it; one within it is built.
+    #[test]
+    fn a_specification_too_large_to_store_is_refused() {
+        let tests: Vec<serde_json::Value> = (0..200)
+            .map(|n| {
+                json!({"name": format!("{n}{}", "*".repeat(300)), "suite": [], "line": n,
+                       "modifier": "none", "parameterized": false})
+            })
+            .collect();
+        let analysis = json!({
+            "repository": "https://example.com/r.git",
+            "requested_ref": null,
+            "commit": "c".repeat(40),
+            "inventory": {
+                "files": [{"path": "a.test.js", "framework": "jest", "tests": tests}],
+                "totals": {"overall": {"files": 1, "tests": 200, "skipped": 0, "only": 0,
+                                       "todo": 0, "benchmarks": 0, "fuzz": 0, "examples": 0},
+                           "by_framework": {}},
+                "stats": {"files_visited": 1, "files_scanned": 1, "files_too_large": 0,
+                          "symlinks_skipped": 0}
+            }
+        });
+        let built = || record(WorkState::Completed, Some(analysis.clone()));
+        let (result, markdown) = build(built()).unwrap();
+        let json = serde_json::to_string(&result).unwrap().len() as u64;
+        let stored = json + markdown.len() as u64;
+        // Each name is in the JSON twice (name and title) and in the Markdown with every `*`
+        // escaped: the inventory's 60 KB of names take about 240 KB stored.
+        assert!(stored > 200 * 4 * 300, "{stored}");
+        assert_eq!(
+            build_within(built(), stored).map(|(_, md)| md.len()),
+            Ok(markdown.len())
+        );
+        let refused = build_within(built(), stored - 1).unwrap_err();
+        assert_eq!(
+            refused,
+            format!(
+                "the specification is too large: more than {} bytes of JSON and Markdown \
+                 (at least {stored})",
+                stored - 1
+            )
+        );
+        // Past the cap with its JSON alone: refused at that size, before the Markdown.
+        assert_eq!(
+            build_within(built(), json - 1).unwrap_err(),
+            format!(
+                "the specification is too large: more than {} bytes of JSON and Markdown \
+                 (at least {json})",
+                json - 1
+            )
         );
     }
 
