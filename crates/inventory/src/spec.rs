@@ -379,7 +379,10 @@ fn escape_markdown(text: &str) -> String {
 /// made plain: `-`, `+` or `=` (a nested list, a rule, a heading underline) and `1.` or `2)` (an
 /// ordered list) are escaped, and an empty title is `(untitled)`.
 fn item_text(title: &str) -> String {
-    let escaped = escape_markdown(title.trim_start());
+    // Escaped (control characters made spaces) before the start is trimmed and looked at: a
+    // title of `\u{1}- x` would otherwise start with a space and a list marker once escaped.
+    let escaped = escape_markdown(title);
+    let escaped = escaped.trim_start().to_owned();
     if escaped.is_empty() {
         return "(untitled)".to_owned();
     }
@@ -493,6 +496,14 @@ mod tests {
             ("line\nbreak", "line break"),
             ("~~~", "\\~\\~\\~"),
             ("plain words", "plain words"),
+            // Control characters before a marker are spaces, trimmed with the rest.
+            (
+                "\u{1}- admin cannot bypass auth",
+                "\\- admin cannot bypass auth",
+            ),
+            ("\u{1}\u{1}\u{1}\u{1}\u{1}x", "x"),
+            ("\u{1}1. x", "1\\. x"),
+            ("\u{7f}", "(untitled)"),
         ];
         for (title, want) in cases {
             assert_eq!(item_text(title), want, "{title:?}");
