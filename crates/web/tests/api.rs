@@ -1384,6 +1384,19 @@ async fn specviews_need_a_completed_analysis_and_serve_markdown() {
     assert_eq!(md.header("vary"), Some("accept"));
     assert_eq!(md.text(), "# Spec");
     s.http.get(&path, &other).await.problem(404, "not_found");
+    let other_auth = format!("Bearer {other}");
+    s.http
+        .send(
+            Method::GET,
+            &path,
+            &[
+                ("authorization", other_auth.as_str()),
+                ("accept", "text/markdown"),
+            ],
+            None,
+        )
+        .await
+        .problem(404, "not_found");
     // The free tier's five specviews: four more fit, the sixth does not.
     for _ in 0..4 {
         assert_eq!(

@@ -198,21 +198,21 @@ async fn representation(
     let Some(specview_id) = super::path_uuid(id) else {
         return Err(not_found());
     };
-    let sql = format!("SELECT {SPECVIEW_COLUMNS} FROM specviews WHERE id = $1 AND user_id = $2");
-    let row: Option<SpecviewView> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+    if wants_markdown(headers) {
+        // The Markdown alone: the structured result beside it can be as large again (up to
+        // 64 MiB together), and would be read and dropped.
+        let row: Option<(String, Option<String>)> = sqlx::query_as(
+            "SELECT state::text, CASE WHEN state = 'completed' THEN markdown END \
+             FROM specviews WHERE id = $1 AND user_id = $2",
+        )
         .bind(specview_id)
         .bind(user.user_id)
         .fetch_optional(&state.pool)
         .await?;
-    let view = row.ok_or_else(not_found)?;
-    if wants_markdown(headers) {
-        let Some(markdown) = view.markdown else {
+        let (work_state, markdown) = row.ok_or_else(not_found)?;
+        let Some(markdown) = markdown else {
             return Err(Problem::conflict(format!(
-                "specview `{id}` has no Markdown yet (it is {})",
-                serde_json::to_value(view.state)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_owned))
-                    .unwrap_or_default()
+                "specview `{id}` has no Markdown yet (it is {work_state})"
             )));
         };
         let mut response = markdown.into_response();
@@ -222,6 +222,13 @@ async fn representation(
         );
         return Ok(response);
     }
+    let sql = format!("SELECT {SPECVIEW_COLUMNS} FROM specviews WHERE id = $1 AND user_id = $2");
+    let row: Option<SpecviewView> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(specview_id)
+        .bind(user.user_id)
+        .fetch_optional(&state.pool)
+        .await?;
+    let view = row.ok_or_else(not_found)?;
     Ok(super::json_off_runtime(http::StatusCode::OK, view).await)
 }
 
