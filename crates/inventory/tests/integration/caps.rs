@@ -5,7 +5,9 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use inventory::fetch::{FetchError, Limits, Stage, fetch, process_start_time, sweep_stale};
+use inventory::fetch::{
+    Checkout, FetchError, Limits, Stage, fetch, process_start_time, sweep_stale,
+};
 use inventory::url_policy::vet_url;
 use inventory::{AnalyzeError, analyze};
 
@@ -20,6 +22,21 @@ fn capped(root: &Path, max_bytes: u64, max_files: u64) -> Limits {
         poll_interval: Duration::from_millis(10),
         ..limits(root)
     }
+}
+
+/// Fetches `repo` at `git_ref` under `root` within `max_bytes` and `max_files`; returns the caps
+/// (whose `work_root` the test checks for leftovers) and what the fetch gave.
+async fn fetch_capped(
+    repo: &GitFixture,
+    git_ref: Option<&str>,
+    root: &Path,
+    max_bytes: u64,
+    max_files: u64,
+) -> (Limits, Result<Checkout, FetchError>) {
+    let limits = capped(root, max_bytes, max_files);
+    let url = vet_url(&repo.url(), &policy()).await.unwrap();
+    let fetched = fetch(&url, git_ref, &limits).await;
+    (limits, fetched)
 }
 
 #[tokio::test]
@@ -52,9 +69,8 @@ async fn a_compressible_repository_over_the_byte_cap_is_refused_before_checkout(
     repo.write("zeros.bin", vec![0u8; 16 * 1024 * 1024]);
     repo.commit("zeros");
     let root = TempDir::new("caps-zeros-work");
-    let limits = capped(root.path(), 1024 * 1024, 1000);
-    let url = vet_url(&repo.url(), &policy()).await.unwrap();
-    let err = fetch(&url, None, &limits).await.unwrap_err();
+    let (limits, fetched) = fetch_capped(&repo, None, root.path(), 1024 * 1024, 1000).await;
+    let err = fetched.unwrap_err();
     assert!(
         matches!(
             err,
@@ -124,9 +140,8 @@ async fn too_many_files_are_refused_before_checkout() {
     }
     repo.commit("many");
     let root = TempDir::new("caps-files-work");
-    let limits = capped(root.path(), 64 * 1024 * 1024, 100);
-    let url = vet_url(&repo.url(), &policy()).await.unwrap();
-    let err = fetch(&url, None, &limits).await.unwrap_err();
+    let (limits, fetched) = fetch_capped(&repo, None, root.path(), 64 * 1024 * 1024, 100).await;
+    let err = fetched.unwrap_err();
     assert!(
         matches!(err, FetchError::TooManyFiles { limit: 100 }),
         "{err}"
@@ -138,8 +153,8 @@ async fn too_many_files_are_refused_before_checkout() {
     assert_eq!(leftovers(&limits.work_root), Vec::<String>::new());
 
     // The same repository within the caps (150 files in 7 folders) checks out fully.
-    let roomy = capped(root.path(), 64 * 1024 * 1024, 157);
-    let checkout = fetch(&url, None, &roomy).await.unwrap();
+    let (_, fetched) = fetch_capped(&repo, None, root.path(), 64 * 1024 * 1024, 157).await;
+    let checkout = fetched.unwrap();
     assert!(checkout.path().join("dir3/f3.txt").is_file());
     drop(checkout);
     assert_eq!(leftovers(&limits.work_root), Vec::<String>::new());
@@ -329,9 +344,8 @@ async fn small_files_count_at_what_they_take_on_disk_before_checkout() {
     }
     repo.commit("many small files");
     let root = TempDir::new("caps-small-files-work");
-    let limits = capped(root.path(), 4 * 1024 * 1024, 10_000);
-    let url = vet_url(&repo.url(), &policy()).await.unwrap();
-    let err = fetch(&url, None, &limits).await.unwrap_err();
+    let (limits, fetched) = fetch_capped(&repo, None, root.path(), 4 * 1024 * 1024, 10_000).await;
+    let err = fetched.unwrap_err();
     assert!(
         matches!(
             err,
@@ -344,8 +358,8 @@ async fn small_files_count_at_what_they_take_on_disk_before_checkout() {
     );
     assert_eq!(leftovers(&limits.work_root), Vec::<String>::new());
     // Within a cap that holds them, the checkout passes, and measures no more than reckoned.
-    let roomy = capped(root.path(), 64 * 1024 * 1024, 10_000);
-    let checkout = fetch(&url, None, &roomy).await.unwrap();
+    let (_, fetched) = fetch_capped(&repo, None, root.path(), 64 * 1024 * 1024, 10_000).await;
+    let checkout = fetched.unwrap();
     let used = inventory::fetch::disk_usage(checkout.folder());
     assert!(
         (3_000 * 4096..64 * 1024 * 1024).contains(&used),
@@ -364,9 +378,8 @@ async fn folders_count_against_the_file_cap_before_checkout() {
     }
     repo.commit("deep");
     let root = TempDir::new("caps-folders-work");
-    let limits = capped(root.path(), 64 * 1024 * 1024, 10);
-    let url = vet_url(&repo.url(), &policy()).await.unwrap();
-    let err = fetch(&url, None, &limits).await.unwrap_err();
+    let (limits, fetched) = fetch_capped(&repo, None, root.path(), 64 * 1024 * 1024, 10).await;
+    let err = fetched.unwrap_err();
     assert!(
         matches!(err, FetchError::TooManyFiles { limit: 10 }),
         "{err}"
@@ -387,9 +400,8 @@ async fn the_repository_attributes_do_not_change_what_is_checked_out() {
     repo.write("a.txt", "$Id$\nline\n");
     repo.commit("attributes");
     let root = TempDir::new("caps-attributes-work");
-    let limits = capped(root.path(), 64 * 1024 * 1024, 100);
-    let url = vet_url(&repo.url(), &policy()).await.unwrap();
-    let checkout = fetch(&url, None, &limits).await.unwrap();
+    let (_, fetched) = fetch_capped(&repo, None, root.path(), 64 * 1024 * 1024, 100).await;
+    let checkout = fetched.unwrap();
     assert_eq!(
         std::fs::read_to_string(checkout.path().join("a.txt")).unwrap(),
         "$Id$\nline\n"
@@ -405,9 +417,9 @@ async fn a_tag_of_a_tree_is_refused_for_good() {
     repo.commit("one");
     repo.git(&["tag", "tree-tag", "HEAD^{tree}"]);
     let root = TempDir::new("tree-tag-work");
-    let limits = capped(root.path(), 64 * 1024 * 1024, 100);
-    let url = vet_url(&repo.url(), &policy()).await.unwrap();
-    let err = fetch(&url, Some("tree-tag"), &limits).await.unwrap_err();
+    let (limits, fetched) =
+        fetch_capped(&repo, Some("tree-tag"), root.path(), 64 * 1024 * 1024, 100).await;
+    let err = fetched.unwrap_err();
     assert!(matches!(err, FetchError::Unusable { .. }), "{err:?}");
     assert!(err.is_permanent(), "{err:?}");
     assert_eq!(leftovers(&limits.work_root), Vec::<String>::new());
