@@ -37,17 +37,19 @@ pub async fn begin_with(
 }
 
 /// `BEGIN …` (`begin`: the statement and its settings) followed by the server's own limits for a
-/// transaction the engine gives up on after `database_timeout`: it waits for a lock at most
-/// half of that (`lock_timeout`), so a wait behind a long lock (a migration building an index)
-/// ends on the server, answered, rather than at the engine's deadline, which closes the
-/// connection and leaves its backend queued for the lock; and a session left inside it, idle,
-/// for longer than that is ended by the server (`idle_in_transaction_session_timeout`), so a
-/// transaction whose client is gone without a word does not keep its row locks.
+/// transaction the engine gives up on after `database_timeout`, half of it for each statement
+/// (`statement_timeout`) and each lock wait (`lock_timeout`), all of it idle inside the
+/// transaction (`idle_in_transaction_session_timeout`). A statement that runs long, or waits
+/// behind a long lock (a migration building an index), is then ended by the server, answered,
+/// rather than at the engine's deadline, which closes the connection and leaves its backend
+/// working, or queued for the lock, at each retry; and a session left idle inside the
+/// transaction by a client that is gone without a word does not keep its row locks.
 pub(crate) fn with_server_limits(begin: &str, database_timeout: std::time::Duration) -> String {
     let ms = database_timeout.as_millis().clamp(2, i32::MAX as u128);
+    let half = ms / 2;
     format!(
-        "{begin}; SET LOCAL lock_timeout = {}; SET LOCAL idle_in_transaction_session_timeout = {ms}",
-        ms / 2
+        "{begin}; SET LOCAL statement_timeout = {half}; SET LOCAL lock_timeout = {half}; \
+         SET LOCAL idle_in_transaction_session_timeout = {ms}"
     )
 }
 
@@ -118,12 +120,13 @@ mod tests {
     fn server_limits_follow_the_database_timeout() {
         assert_eq!(
             super::with_server_limits("BEGIN", Duration::from_secs(60)),
-            "BEGIN; SET LOCAL lock_timeout = 30000; \
+            "BEGIN; SET LOCAL statement_timeout = 30000; SET LOCAL lock_timeout = 30000; \
              SET LOCAL idle_in_transaction_session_timeout = 60000"
         );
         assert_eq!(
             super::with_server_limits("BEGIN", Duration::from_secs(100 * 24 * 3600)),
-            "BEGIN; SET LOCAL lock_timeout = 1073741823; \
+            "BEGIN; SET LOCAL statement_timeout = 1073741823; \
+             SET LOCAL lock_timeout = 1073741823; \
              SET LOCAL idle_in_transaction_session_timeout = 2147483647"
         );
         assert!(

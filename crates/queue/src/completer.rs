@@ -252,6 +252,8 @@ impl Persister {
         let mut delay = Duration::from_millis(20);
         let mut failures = 0u32;
         let mut refused = 0u32;
+        // Whether a try was given up while waiting for its answer (it may have committed).
+        let mut unanswered = false;
         loop {
             let started = std::time::Instant::now();
             match self.persist(batch).await {
@@ -261,16 +263,26 @@ impl Persister {
                         ms = started.elapsed().as_secs_f64() * 1000.0,
                         "completions persisted"
                     );
-                    self.after_commit(batch, &applied);
+                    if unanswered {
+                        // A try given up while waiting for its answer may have committed these
+                        // ends, and its wake-ups were never sent: this try found nothing to
+                        // change and has none. Their queues are woken anyway (a spare fetch
+                        // costs little); another lane whose user a hook freed waits for its poll.
+                        self.waker
+                            .wake(batch.iter().map(|c| c.job.job().queue.as_str()));
+                    }
+                    self.after_commit(batch, &applied, unanswered);
                     return Tried::Committed;
                 }
                 Err(e) => {
                     failures += 1;
-                    // A batch of several jobs cut short by the statement timeout will most likely
-                    // be cut short again (too many rows, or hooks too slow for so many): that
-                    // counts towards splitting it. A single completion that times out is tried
-                    // again, since recording it as failed would throw away a run that succeeded.
-                    if !e.is_transient() || (batch.len() > 1 && e.is_statement_timeout()) {
+                    unanswered |= matches!(e, QueueError::Unanswered(_));
+                    // A batch of several jobs cut short (the server's statement timeout, or no
+                    // answer within the engine's) will most likely be cut short again: too many
+                    // rows, or hooks too slow for so many. That counts towards splitting it. A
+                    // single completion cut short is tried again, since recording it as failed
+                    // would throw away a run that succeeded.
+                    if !e.is_transient() || (batch.len() > 1 && e.is_cut_short()) {
                         refused += 1;
                     }
                     tracing::warn!(error = %e, jobs = batch.len(), failures, refused, "persisting completions failed");
@@ -287,7 +299,10 @@ impl Persister {
         }
     }
 
-    fn after_commit(&self, batch: &[Completion], applied: &HashSet<JobId>) {
+    /// Books a committed batch: every run ends here, and the jobs the commit did not change are
+    /// counted `stale` (rescued or cancelled meanwhile, or, after a try given up while waiting
+    /// for its answer, maybe ended by that try).
+    fn after_commit(&self, batch: &[Completion], applied: &HashSet<JobId>, unanswered: bool) {
         self.inflight.remove_all(batch.iter().map(Completion::run));
         for c in batch {
             let job = c.job.job();
@@ -297,11 +312,19 @@ impl Persister {
                 tracing::debug!(job_id = job.id, queue = %job.queue, kind = %job.kind, attempt = job.attempt, outcome = c.resolution.label(), "job attempt persisted");
             } else {
                 self.metrics.outcome(&job.queue, &job.kind, "stale");
-                tracing::warn!(
-                    job_id = job.id,
-                    attempt = job.attempt,
-                    "completion ignored: the job was no longer running this attempt (rescued or cancelled meanwhile)"
-                );
+                if unanswered {
+                    tracing::info!(
+                        job_id = job.id,
+                        attempt = job.attempt,
+                        "completion found nothing to change: an earlier try, given up while waiting for its answer, most likely committed it"
+                    );
+                } else {
+                    tracing::warn!(
+                        job_id = job.id,
+                        attempt = job.attempt,
+                        "completion ignored: the job was no longer running this attempt (rescued or cancelled meanwhile)"
+                    );
+                }
             }
         }
     }

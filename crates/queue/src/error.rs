@@ -58,14 +58,15 @@ impl QueueError {
                 .is_some_and(|e| is_connection_error(e) || is_lost_conflict(e))
     }
 
-    /// Whether the database cancelled a statement for running past `statement_timeout` (57014
-    /// says so for a cancel request too; the message tells them apart).
-    pub fn is_statement_timeout(&self) -> bool {
-        self.database_error()
-            .and_then(sqlx::Error::as_database_error)
-            .is_some_and(|db| {
-                db.code().as_deref() == Some("57014") && db.message().contains("statement timeout")
-            })
+    /// Whether the work ran too long: the database cancelled a statement (57014: past
+    /// `statement_timeout`, or a cancel request, which the code alone cannot tell apart and whose
+    /// message is in the server's language), or gave no answer within the engine's deadline.
+    pub fn is_cut_short(&self) -> bool {
+        matches!(self, QueueError::Unanswered(_))
+            || self
+                .database_error()
+                .and_then(sqlx::Error::as_database_error)
+                .is_some_and(|db| db.code().as_deref() == Some("57014"))
     }
 
     /// The database's error behind this one, if any: the queue's own statements', or a hook's or
@@ -173,26 +174,25 @@ mod tests {
         assert!(!QueueError::InvalidJob("no".into()).is_transient());
     }
 
-    /// A statement cut short by `statement_timeout` is one; a cancel request (the same SQLSTATE)
-    /// and a lock timeout are not, also when a hook's error carries them.
+    /// A statement cut short (by `statement_timeout` or a cancel request) and a try the engine
+    /// gave up waiting for are cut short, also when a hook's error carries them; a lock timeout
+    /// and a refusal are not.
     #[tokio::test]
-    async fn a_statement_timeout_is_told_from_a_cancel_and_a_lock_timeout() {
+    async fn work_cut_short_is_told_from_a_lock_timeout_and_a_refusal() {
         let db = TestDb::new().await;
         let timed_out = error_of(&db.pool, "SELECT pg_sleep(1)").await;
-        assert!(timed_out.is_statement_timeout(), "{timed_out}");
+        assert!(timed_out.is_cut_short(), "{timed_out}");
         let QueueError::Database(timed_out) = timed_out else {
             unreachable!()
         };
-        assert!(QueueError::Hook(Box::new(timed_out)).is_statement_timeout());
+        assert!(QueueError::Hook(Box::new(timed_out)).is_cut_short());
         let cancelled = error_after(&db.pool, "SELECT 1", &raising("57014")).await;
-        assert!(cancelled.is_transient() && !cancelled.is_statement_timeout());
+        assert!(cancelled.is_transient() && cancelled.is_cut_short());
+        let unanswered = QueueError::Unanswered(std::time::Duration::from_secs(60));
+        assert!(unanswered.is_transient() && unanswered.is_cut_short());
         let lock = error_after(&db.pool, "SELECT 1", &raising("55P03")).await;
-        assert!(lock.is_transient() && !lock.is_statement_timeout());
-        assert!(
-            !error_of(&db.pool, "SELECT 1/0")
-                .await
-                .is_statement_timeout()
-        );
+        assert!(lock.is_transient() && !lock.is_cut_short());
+        assert!(!error_of(&db.pool, "SELECT 1/0").await.is_cut_short());
     }
 
     /// A server that passes through a failover (read-only), a full disk or an I/O error refuses

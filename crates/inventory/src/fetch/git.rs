@@ -349,11 +349,14 @@ async fn read_tail(mut reader: impl AsyncRead + Unpin) -> Vec<u8> {
     kept
 }
 
-/// What the files and folders under `dir` take on disk: each at the larger of its size and the
-/// blocks it holds (symlinks not followed; unreadable entries count as zero, since they are
-/// usually files git is replacing). A one-byte file holds a block, as a volume's limit counts it
-/// (`du`, an `emptyDir`'s `sizeLimit`), and folders count with their own size, so a checkout of
-/// millions of empty folders or tiny files does not measure as nothing.
+/// The file system block a file's content is reckoned in: a one-byte file takes one.
+pub(crate) const BLOCK_BYTES: u64 = 4096;
+
+/// What the files and folders under `dir` take on disk: a file its size in whole
+/// [`BLOCK_BYTES`] blocks, a folder its own size (symlinks not followed; unreadable entries count
+/// as zero, since they are usually files git is replacing). A one-byte file holds a block, as a
+/// volume's limit counts it (`du`, an `emptyDir`'s `sizeLimit`), and folders count, so a
+/// checkout of millions of empty folders or tiny files does not measure as nothing.
 pub fn disk_usage(dir: &Path) -> u64 {
     let mut total = 0u64;
     let mut stack = vec![dir.to_path_buf()];
@@ -365,8 +368,15 @@ pub fn disk_usage(dir: &Path) -> u64 {
             let Ok(meta) = entry.path().symlink_metadata() else {
                 continue;
             };
-            let blocks = std::os::unix::fs::MetadataExt::blocks(&meta).saturating_mul(512);
-            total = total.saturating_add(meta.len().max(blocks));
+            // A file in whole blocks, from its size rather than the blocks the file system
+            // reports: XFS counts the room it sets aside past the end of a file being written
+            // (a pack while it is fetched) until the file is closed, up to twice its size.
+            let bytes = if meta.is_file() {
+                meta.len().div_ceil(BLOCK_BYTES).saturating_mul(BLOCK_BYTES)
+            } else {
+                meta.len()
+            };
+            total = total.saturating_add(bytes);
             if meta.is_dir() {
                 stack.push(entry.path());
             }

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use git::BLOCK_BYTES;
 pub use git::disk_usage;
 pub use workdir::{CHECKOUT_PREFIX, SweepReport, WorkDir, process_start_time, sweep_stale};
 
@@ -778,9 +779,6 @@ async fn measure(dir: &Path) -> u64 {
 
 /// What a folder is reckoned to take on disk (one file system block).
 const FOLDER_BYTES: u64 = 4096;
-
-/// The file system block a file's content is reckoned in: a one-byte file takes one.
-const BLOCK_BYTES: u64 = 4096;
 
 /// What an entry of git's index takes besides its path: 62 bytes of stat data and object id,
 /// and up to 8 of padding.
