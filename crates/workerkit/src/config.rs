@@ -120,6 +120,10 @@ pub struct EngineSettings {
     pub queue_retention_failed: Duration,
     /// Whether this process takes part in fleet-wide queue maintenance.
     pub queue_maintenance: bool,
+    /// The longest a fetch or a completion waits for the database before its connection is
+    /// closed and the work tried again on another (`EngineConfig::database_timeout`).
+    #[serde(with = "humantime_serde")]
+    pub queue_database_timeout: Duration,
 }
 
 impl Default for EngineSettings {
@@ -139,6 +143,7 @@ impl Default for EngineSettings {
             queue_retention_completed: e.retention_completed,
             queue_retention_failed: e.retention_discarded,
             queue_maintenance: e.maintenance,
+            queue_database_timeout: e.database_timeout,
         }
     }
 }
@@ -165,6 +170,7 @@ impl EngineSettings {
             retention_cancelled: self.queue_retention_failed,
             retention_discarded: self.queue_retention_failed,
             maintenance: self.queue_maintenance,
+            database_timeout: self.queue_database_timeout,
             ..EngineConfig::default()
         }
     }
@@ -216,7 +222,8 @@ pub fn engine_variable(field: &str) -> String {
         | "leader_ttl"
         | "clean_interval"
         | "retention_completed"
-        | "maintenance" => {
+        | "maintenance"
+        | "database_timeout" => {
             format!("QUEUE_{}", field.to_ascii_uppercase())
         }
         "retention_cancelled" | "retention_discarded" => "QUEUE_RETENTION_FAILED".to_owned(),
@@ -307,6 +314,20 @@ mod tests {
             )
         );
         WorkerConfig::default().engine.validate().unwrap();
+        assert_eq!(
+            err(&[("QUEUE_DATABASE_TIMEOUT", "0s")]),
+            "QUEUE_DATABASE_TIMEOUT must be greater than zero"
+        );
+    }
+
+    #[test]
+    fn the_database_timeout_reaches_the_engine() {
+        let engine = |env: &[(&str, &str)]| load(env).engine.to_engine_config();
+        assert_eq!(engine(&[]).database_timeout, Duration::from_secs(60));
+        assert_eq!(
+            engine(&[("QUEUE_DATABASE_TIMEOUT", "90s")]).database_timeout,
+            Duration::from_secs(90)
+        );
     }
 
     #[test]
