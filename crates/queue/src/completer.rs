@@ -450,7 +450,8 @@ async fn persist_batch(
                                      THEN now() + u.delay * interval '1 second' ELSE j.scheduled_at END, \
                  finalized_at = CASE WHEN u.state = 'discarded' OR (j.metadata ->> 'cancel_attempted_at') IS NOT NULL THEN now() END, \
                  errors = j.errors || jsonb_build_array(jsonb_build_object( \
-                     'attempt', u.attempt, 'at', now(), 'kind', u.kind, 'error', u.message)) \
+                     'attempt', u.attempt, 'at', now(), 'kind', u.kind, 'error', u.message, \
+                     'worker', j.attempted_by[cardinality(j.attempted_by)])) \
              FROM unnest($1::int8[], $2::int2[], $3::text[], $4::float8[], $5::text[], $6::text[], $7::timestamptz[]) \
                   AS u(id, attempt, state, delay, kind, message, attempted_at) \
              WHERE j.id = u.id AND j.state = 'running' AND j.attempt = u.attempt AND j.attempted_at = u.attempted_at RETURNING j.id, j.queue, j.kind, j.user_id, j.state";
@@ -511,7 +512,8 @@ async fn persist_batch(
                  scheduled_at = now(), \
                  attempt = j.attempt - 1, \
                  errors = j.errors || jsonb_build_array(jsonb_build_object( \
-                     'attempt', u.attempt, 'at', now(), 'kind', u.kind, 'error', u.message)) \
+                     'attempt', u.attempt, 'at', now(), 'kind', u.kind, 'error', u.message, \
+                     'worker', j.attempted_by[cardinality(j.attempted_by)])) \
              FROM unnest($1::int8[], $2::int2[], $3::text[], $4::text[], $5::timestamptz[]) AS u(id, attempt, kind, message, attempted_at) \
              WHERE j.id = u.id AND j.state = 'running' AND j.attempt = u.attempt AND j.attempted_at = u.attempted_at RETURNING j.id, j.queue, j.kind, j.user_id, j.state";
         transitions.extend(

@@ -100,8 +100,8 @@ async fn execute(rt: &Runtime, ctx: &JobContext) -> Resolution {
         return Resolution::Outcome(JobOutcome::Failed {
             kind: FailureKind::UnknownKind,
             message: format!(
-                "no handler is registered for job kind `{kind}` in worker {} (it handles: {})",
-                rt.worker_id,
+                "no handler is registered for job kind `{kind}` in the worker that fetched it (it \
+                 handles: {})",
                 rt.workers.kinds().join(", ")
             ),
         });
@@ -127,9 +127,9 @@ async fn execute(rt: &Runtime, ctx: &JobContext) -> Resolution {
             ),
         },
         () = stopped_past_grace(control, rt.config.cancel_grace) => match control.reason() {
-            Some(CancelReason::Shutdown) => Resolution::Interrupted(format!(
-                "worker {} shut down before the job finished", rt.worker_id
-            )),
+            Some(CancelReason::Shutdown) => Resolution::Interrupted(
+                "the worker shut down before the job finished".into(),
+            ),
             _ => Resolution::Outcome(JobOutcome::Cancelled(
                 "cancelled while running; the handler did not stop within the grace period".into(),
             )),

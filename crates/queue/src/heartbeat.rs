@@ -280,7 +280,7 @@ const HAND_BACK_ORPHANS_SQL: &str = concat!(
          attempt = greatest(j.attempt - 1, 0), scheduled_at = now(), \
          errors = j.errors || jsonb_build_array(jsonb_build_object( \
              'attempt', j.attempt, 'at', now(), 'kind', 'interrupted', \
-             'error', 'fetched by worker ' || $1 || ' but never started (the fetch reply was lost)')) \
+             'error', 'fetched but never started (the fetch reply was lost)', 'worker', $1)) \
      WHERE ",
     orphan_condition!(),
     " AND ($4::bigint[] IS NULL OR j.id = ANY($4)) \
@@ -299,7 +299,8 @@ const HAND_BACK_UNSAVED_SQL: &str = concat!(
     end_used_attempt!(),
     ", errors = j.errors || jsonb_build_array(jsonb_build_object( \
          'attempt', j.attempt, 'at', now(), 'kind', 'error', \
-         'error', 'worker ' || $1 || ' could not save the end of this attempt; handed back with the attempt used')) \
+         'error', 'the worker could not save the end of this attempt; handed back with the attempt used', \
+         'worker', $1)) \
      FROM decided d WHERE j.id = d.id \
      RETURNING j.id, j.queue, j.kind, j.user_id, j.state"
 );

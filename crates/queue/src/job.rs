@@ -135,7 +135,12 @@ pub struct AttemptError {
     pub attempt: i16,
     pub at: DateTime<Utc>,
     pub kind: FailureKind,
+    /// What went wrong, in words fit for the job's owner: no host or process names.
     pub error: String,
+    /// The worker that ran (or fetched) the attempt, for operators; absent from errors recorded
+    /// before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<String>,
 }
 
 #[cfg(test)]
@@ -162,10 +167,18 @@ mod tests {
             at: DateTime::from_timestamp(0, 0).unwrap(),
             kind: FailureKind::UnknownKind,
             error: "boom".into(),
+            worker: Some("analysis-host-1-ab12".into()),
         };
         let v = serde_json::to_value(&e).unwrap();
         assert_eq!(v["kind"], "unknown_kind");
         assert_eq!(v["attempt"], 2);
+        assert_eq!(v["worker"], "analysis-host-1-ab12");
         assert_eq!(serde_json::from_value::<AttemptError>(v).unwrap(), e);
+        // An error recorded before the worker was kept apart reads without one.
+        let old: AttemptError = serde_json::from_value(serde_json::json!(
+            {"attempt": 1, "at": "2026-01-01T00:00:00Z", "kind": "error", "error": "x"}
+        ))
+        .unwrap();
+        assert_eq!(old.worker, None);
     }
 }

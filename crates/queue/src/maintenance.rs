@@ -318,8 +318,8 @@ const RESCUE_SQL: &str = concat!(
     end_used_attempt!(),
     ", errors = j.errors || jsonb_build_array(jsonb_build_object( \
              'attempt', j.attempt, 'at', now(), 'kind', 'rescued', \
-             'error', 'worker ' || coalesce(j.attempted_by[cardinality(j.attempted_by)], '?') \
-                      || ' stopped heartbeating; job rescued')) \
+             'error', 'the worker running it stopped heartbeating; job rescued', \
+             'worker', j.attempted_by[cardinality(j.attempted_by)])) \
      FROM decided d WHERE j.id = d.id \
      RETURNING j.id, j.queue, j.kind, j.user_id, j.state"
 );

@@ -550,6 +550,7 @@ async fn shutdown_lets_jobs_finish_and_hands_back_those_past_the_deadline() {
     let quick = insert_sleep(&client, 500).await;
     let slow = insert_sleep(&client, 60_000).await;
     let engine = start_with_both_running(&db, &client, workers).await;
+    let worker_id = engine.worker_id.clone();
     let later = insert_sleep(&client, 1).await;
     engine.stop().await;
     let quick = client.job(quick.id).await.unwrap().unwrap();
@@ -567,6 +568,13 @@ async fn shutdown_lets_jobs_finish_and_hands_back_those_past_the_deadline() {
     );
     assert_eq!(slow.attempt, 0, "the interrupted attempt does not count");
     assert_eq!(slow.attempt_errors()[0].kind, FailureKind::Interrupted);
+    // Worded for the job's owner, with the worker (a host and process name) kept apart.
+    assert!(
+        !slow.attempt_errors()[0].error.contains(&worker_id),
+        "{:?}",
+        slow.attempt_errors()
+    );
+    assert_eq!(slow.attempt_errors()[0].worker, Some(worker_id));
     assert_eq!(
         later.state,
         JobState::Available,
@@ -1142,7 +1150,13 @@ async fn jobs_of_a_worker_that_stopped_heartbeating_are_rescued() {
     let exhausted = client.job(exhausted.id).await.unwrap().unwrap();
     engine.stop().await;
     assert_eq!(rescued.attempt_errors()[0].kind, FailureKind::Rescued);
-    assert!(rescued.attempt_errors()[0].error.contains("dead-worker"));
+    // The owner reads what happened; the operator, which worker it was.
+    let error = &rescued.attempt_errors()[0];
+    assert_eq!(
+        error.error,
+        "the worker running it stopped heartbeating; job rescued"
+    );
+    assert_eq!(error.worker.as_deref(), Some("dead-worker"));
     assert_eq!(exhausted.state, JobState::Discarded, "no attempts left");
     let dead: i64 =
         sqlx::query_scalar("SELECT count(*) FROM fairlane_worker WHERE id = 'dead-worker'")

@@ -503,7 +503,7 @@ async fn a_crashed_job_out_of_attempts_fails_its_record_through_the_rescuer() {
     assert_eq!(r.state, WorkState::Failed);
     assert_eq!(
         r.error.as_deref(),
-        Some("failed after 1 attempt: worker gone-worker stopped heartbeating; job rescued")
+        Some("failed after 1 attempt: the worker running it stopped heartbeating; job rescued")
     );
     // The other job runs again: its record waits with it, pending until the next attempt.
     assert_eq!(row(&db.pool, retried).await.state, WorkState::Pending);
