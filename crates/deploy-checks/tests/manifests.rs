@@ -514,6 +514,31 @@ fn web_reads_its_rate_limit_rules_from_a_mounted_config_map_folder_that_updates_
     );
 }
 
+/// Compose publishes ports on the loopback interface only: Docker binds a bare `8080:8080` on
+/// every interface, past the host's firewall, and the API behind it takes the file's fixed,
+/// public `ADMIN_TOKEN` (anyone on the same network could create an enterprise user).
+#[test]
+fn compose_publishes_ports_on_loopback_only() {
+    let compose = compose();
+    let mut published = 0;
+    for (name, service) in compose["services"].as_mapping().unwrap() {
+        for port in service["ports"].as_sequence().into_iter().flatten() {
+            let spec = port
+                .as_str()
+                .unwrap_or_else(|| panic!("docker-compose.yml {name:?}: ports in short form"));
+            assert!(
+                spec.starts_with("127.0.0.1:"),
+                "docker-compose.yml {name:?}: `{spec}` is published on every interface"
+            );
+            published += 1;
+        }
+    }
+    assert!(
+        published >= 4,
+        "web, jaeger, prometheus and grafana are published"
+    );
+}
+
 /// A Kubernetes quantity of bytes (`6Gi`, `512M`, `1024`).
 fn quantity_bytes(text: &str) -> u64 {
     let units: [(&str, u64); 8] = [
