@@ -368,6 +368,14 @@ pub async fn rescue_dead_workers(
     let mut wake = wakes_after_commit(hooks, &rescued);
     wake.extend(rescued.iter().map(|t| t.queue.clone()));
     waker.wake(wake.iter().map(String::as_str));
+    // No completer ends these attempts (their worker died, perhaps killed by them): counted
+    // here, or `fairlane_jobs_total` would never show a job that kills its workers.
+    if !rescued.is_empty() {
+        let metrics = crate::metrics::QueueMetrics::new();
+        for t in &rescued {
+            metrics.outcome(&t.queue, &t.kind, "rescued");
+        }
+    }
     if !rescued.is_empty() || dead > 0 {
         tracing::warn!(
             jobs = rescued.len(),
