@@ -1294,6 +1294,22 @@ fn promtool_accepts_the_prometheus_configs_and_alert_rules_and_their_unit_tests(
         serde_yaml::from_str(&read("deploy/prometheus/kubernetes.yml")).unwrap();
     let mut swapped = 0;
     for scrape in kubernetes["scrape_configs"].as_sequence_mut().unwrap() {
+        // Finished and evicted pods are not scraped (each would read as a service down).
+        let drops_finished = scrape["relabel_configs"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .any(|rule| {
+                rule["source_labels"][0] == "__meta_kubernetes_pod_phase"
+                    && rule["action"] == "drop"
+                    && rule["regex"]
+                        .as_str()
+                        .is_some_and(|r| r.split('|').any(|p| p == "Failed"))
+                    && rule["regex"]
+                        .as_str()
+                        .is_some_and(|r| r.split('|').any(|p| p == "Succeeded"))
+            });
+        assert!(drops_finished, "kubernetes.yml scrapes finished pods");
         let scrape = scrape.as_mapping_mut().unwrap();
         let sd = scrape
             .remove("kubernetes_sd_configs")
