@@ -145,8 +145,26 @@ impl FairnessGauges {
         lock(&self.counts).running.clone()
     }
 
-    /// Counts once and stores the result for the gauges.
+    /// Counts once and stores the result for the gauges. A count that fails removes every
+    /// series until one succeeds, as the scheduler's depth gauges do: kept, an old and large
+    /// "held back by fairness" count would cancel out jobs really waiting for capacity in the
+    /// backlog alert, which counts every waiting job when the series are absent.
     pub async fn refresh(&self, pool: &PgPool, limits: &TierLimits) -> Result<(), sqlx::Error> {
+        let counted = self.count(pool, limits).await;
+        let mut counts = lock(&self.counts);
+        match counted {
+            Ok(fresh) => {
+                *counts = fresh;
+                Ok(())
+            }
+            Err(e) => {
+                *counts = Counts::default();
+                Err(e)
+            }
+        }
+    }
+
+    async fn count(&self, pool: &PgPool, limits: &TierLimits) -> Result<Counts, sqlx::Error> {
         let unwrap = |crate::FairnessError::Database(e)| e;
         let mut conn = pool.acquire().await?;
         let waiting = store::waiting_at_limit(&mut conn, &self.queues, limits)
@@ -155,14 +173,14 @@ impl FairnessGauges {
         let running = store::running_by_tier(&mut conn, &self.queues)
             .await
             .map_err(unwrap)?;
-        *lock(&self.counts) = Counts {
+        Ok(Counts {
             waiting: zero_filled(&self.queues, &waiting),
             running: running_zero_filled(&running),
-        };
-        Ok(())
+        })
     }
 
-    /// Counts every `interval` until `shutdown`; a failed count keeps the last one and is logged.
+    /// Counts every `interval` until `shutdown`; a failed count is logged, and its series are
+    /// gone until a count succeeds.
     pub async fn run(
         self,
         pool: PgPool,

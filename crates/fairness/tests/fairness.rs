@@ -802,6 +802,15 @@ async fn the_gate_reads_every_tier_from_the_paid_users_and_counts_the_rest_as_fr
         *slots.entry(tier).or_insert(0) += i64::try_from(n).unwrap();
     }
     assert_eq!(gauges.running(), slots);
+
+    // A count that fails reports nothing rather than the last counts as if current.
+    let closed = h.db.pool_with(1).await;
+    closed.close().await;
+    assert!(gauges.refresh(&closed, &limits).await.is_err());
+    assert!(gauges.waiting().is_empty(), "{:?}", gauges.waiting());
+    assert!(gauges.running().is_empty(), "{:?}", gauges.running());
+    gauges.refresh(&h.db.pool, &limits).await.unwrap();
+    assert_eq!(gauges.running(), slots);
 }
 
 /// Without the gate, jobs taken by one fetch leave room for each other, and jobs of different
