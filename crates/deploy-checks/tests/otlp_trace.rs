@@ -116,6 +116,20 @@ async fn heavy_a_request_and_the_job_it_enqueued_share_one_trace_across_processe
         .find(|s| s.parent_span_id == enqueuing_span)
         .unwrap();
     assert_eq!(job_span.name, "process analysis", "{worker_spans:?}");
+    // The attempt runs in that span, not in a root span of a trace of its own.
+    let roots: Vec<ReceivedSpan> = receiver
+        .spans()
+        .into_iter()
+        .filter(|s| {
+            s.service_name.as_deref() == Some("fairlane-analyzer-worker")
+                && s.parent_span_id.is_empty()
+                && s.name == "job"
+        })
+        .collect();
+    assert!(
+        roots.is_empty(),
+        "attempts in traces of their own: {roots:?}"
+    );
     assert!(receiver.rejected().is_empty(), "{:?}", receiver.rejected());
     for mut service in services {
         assert!(

@@ -40,7 +40,11 @@ pub struct EngineBuilder {
     workers: Workers,
     middleware: Vec<Arc<dyn Middleware>>,
     gate: Option<Arc<dyn FetchGate>>,
+    job_span: Option<JobSpan>,
 }
+
+/// Makes the span an attempt runs in ([`EngineBuilder::job_span`]).
+pub type JobSpan = Arc<dyn Fn(&crate::job::JobRow) -> tracing::Span + Send + Sync>;
 
 impl EngineBuilder {
     pub fn new(client: Client) -> Self {
@@ -52,6 +56,7 @@ impl EngineBuilder {
             workers: Workers::new(),
             middleware: Vec::new(),
             gate: None,
+            job_span: None,
         }
     }
 
@@ -85,6 +90,15 @@ impl EngineBuilder {
 
     pub fn fetch_gate(mut self, gate: Arc<dyn FetchGate>) -> Self {
         self.gate = Some(gate);
+        self
+    }
+
+    /// Makes the span each attempt runs in, its middleware and handler inside it, and its end
+    /// logged in it (the default: a `job` span with the job's id, queue, kind and attempt). A
+    /// service that continues the enqueuing request's trace sets the span's parent here, so the
+    /// whole attempt is in that trace rather than in one of its own.
+    pub fn job_span(mut self, make: JobSpan) -> Self {
+        self.job_span = Some(make);
         self
     }
 
@@ -154,6 +168,7 @@ impl Engine {
             middleware: Arc::from(b.middleware),
             hooks: b.client.hooks(),
             gate: b.gate,
+            job_span: b.job_span,
             inflight: Arc::clone(&inflight),
             completions: tx,
             metrics: metrics.clone(),

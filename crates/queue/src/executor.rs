@@ -38,13 +38,16 @@ pub(crate) fn spawn(rt: &Arc<Runtime>, tracker: &tokio_util::task::TaskTracker, 
         .map(|a| (a - d.job.scheduled_at).as_seconds_f64())
         .unwrap_or(0.0);
     rt.metrics.started(&d.queue_label, wait);
-    let span = tracing::info_span!(
-        "job",
-        job_id = d.job.id,
-        queue = %d.job.queue,
-        kind = %d.job.kind,
-        attempt = d.job.attempt,
-    );
+    let span = match &rt.job_span {
+        Some(make) => make(&d.job),
+        None => tracing::info_span!(
+            "job",
+            job_id = d.job.id,
+            queue = %d.job.queue,
+            kind = %d.job.kind,
+            attempt = d.job.attempt,
+        ),
+    };
     let ctx = JobContext::new(d.job, Arc::clone(&rt.worker_id), control, d.gate_admitted);
     let rt = Arc::clone(rt);
     tracker.spawn(

@@ -60,7 +60,7 @@ pub use common::{JobArgs, QueueName};
 pub use compose::{ComposedJob, JobsCte};
 pub use config::EngineConfig;
 pub use context::{CancelReason, JobContext};
-pub use engine::{Engine, EngineBuilder};
+pub use engine::{Engine, EngineBuilder, JobSpan};
 pub use error::{BoxError, QueueError};
 pub use handler::{FnWorker, Worker, Workers};
 pub use hooks::{FetchGate, Transition, TransitionHook, begin_fetch};

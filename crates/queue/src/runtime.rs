@@ -196,6 +196,7 @@ pub(crate) struct Runtime {
     pub(crate) middleware: Arc<[Arc<dyn Middleware>]>,
     pub(crate) hooks: Arc<[Arc<dyn TransitionHook>]>,
     pub(crate) gate: Option<Arc<dyn FetchGate>>,
+    pub(crate) job_span: Option<crate::engine::JobSpan>,
     pub(crate) inflight: Arc<Inflight>,
     pub(crate) completions: mpsc::Sender<Completion>,
     pub(crate) metrics: QueueMetrics,

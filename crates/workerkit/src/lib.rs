@@ -143,7 +143,7 @@ async fn run_engine(
         .name(spec.name)
         .config(engine_config)
         .workers(spec.workers)
-        .middleware(Arc::new(tracing_mw::TraceMiddleware))
+        .job_span(Arc::new(tracing_mw::job_span))
         .middleware(Arc::new(FairnessMiddleware::new(
             pool,
             spec.service.as_str(),
