@@ -17,6 +17,8 @@
 //! harmless), and only one already holding a connection sees its `BEGIN` through.
 
 use sqlx::pool::PoolConnection;
+
+use crate::error::QueueError;
 use sqlx::{PgConnection, PgPool, Postgres, SqlSafeStr, Transaction};
 
 /// `BEGIN` on a connection of `pool`, seen through even if the caller's future is dropped.
@@ -58,15 +60,15 @@ pub(crate) fn with_server_limits(begin: &str, database_timeout: std::time::Durat
 /// sqlx does not track) never sends back a connection in an unknown state, and a connection
 /// whose path went silent is cut instead of being pinged on its way back, which would hold its
 /// pool slot until the kernel gives up on it.
-pub(crate) struct ClosedUnlessReleased(Option<PoolConnection<Postgres>>);
+struct ClosedUnlessReleased(Option<PoolConnection<Postgres>>);
 
 impl ClosedUnlessReleased {
-    pub(crate) async fn acquire(pool: &PgPool) -> Result<Self, sqlx::Error> {
+    async fn acquire(pool: &PgPool) -> Result<Self, sqlx::Error> {
         Ok(Self(Some(pool.acquire().await?)))
     }
 
     /// Sends the connection back to the pool, its work done.
-    pub(crate) fn release(mut self) {
+    fn release(mut self) {
         drop(self.0.take());
     }
 }
@@ -94,6 +96,25 @@ impl Drop for ClosedUnlessReleased {
             connection.close_on_drop();
         }
     }
+}
+
+/// Runs `work` on a connection of `pool` ([`ClosedUnlessReleased`]: pooled again only after
+/// `work` succeeded), from asking for the connection to `work`'s end within `timeout`; past it,
+/// [`QueueError::Unanswered`]. The engine's fetches and completions run so.
+pub(crate) async fn within<T>(
+    pool: &PgPool,
+    timeout: std::time::Duration,
+    work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, QueueError>,
+) -> Result<T, QueueError> {
+    let attempt = async {
+        let mut connection = ClosedUnlessReleased::acquire(pool).await?;
+        let done = work(&mut connection).await?;
+        connection.release();
+        Ok(done)
+    };
+    tokio::time::timeout(timeout, attempt)
+        .await
+        .map_err(|_| QueueError::Unanswered(timeout))?
 }
 
 /// Runs `begin` in a task of its own and waits for it.

@@ -20,7 +20,6 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::backoff::RetryPolicy;
-use crate::begin::ClosedUnlessReleased;
 use crate::context::JobContext;
 use crate::error::QueueError;
 use crate::hooks::{Transition, TransitionHook, run_hooks, wakes_after_commit};
@@ -330,20 +329,14 @@ impl Persister {
     }
 
     /// One try of `batch`, within the database timeout: past it, or on any error, the
-    /// connection is closed rather than pooled ([`ClosedUnlessReleased`]). A try given up after
+    /// connection is closed rather than pooled ([`crate::begin::within`]). A try given up after
     /// its `COMMIT` was sent may have committed; the next finds its jobs no longer running this
     /// attempt and changes nothing.
     async fn persist(&self, batch: &[Completion]) -> Result<HashSet<JobId>, QueueError> {
-        let deadline = tokio::time::Instant::now() + self.database_timeout;
-        let attempt = async {
-            let mut connection = ClosedUnlessReleased::acquire(&self.pool).await?;
-            let transitions = self.persist_on(&mut connection, batch).await?;
-            connection.release();
-            Ok::<_, QueueError>(transitions)
-        };
-        let transitions = tokio::time::timeout_at(deadline, attempt)
-            .await
-            .map_err(|_| QueueError::Unanswered(self.database_timeout))??;
+        let transitions = crate::begin::within(&self.pool, self.database_timeout, async |c| {
+            self.persist_on(c, batch).await
+        })
+        .await?;
         // After commit: jobs handed back are runnable again, and hooks may want producers woken
         // (a freed fairness slot).
         let mut wake: Vec<String> = wakes_after_commit(&self.hooks, &transitions);

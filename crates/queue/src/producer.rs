@@ -15,7 +15,6 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::begin::ClosedUnlessReleased;
 use crate::error::QueueError;
 use crate::executor::{self, Dispatch};
 use crate::job::{JobId, JobRow};
@@ -223,19 +222,14 @@ impl QueueWorker {
     }
 
     /// One fetch, within the database timeout: past it, or on any error, the connection is
-    /// closed rather than pooled ([`ClosedUnlessReleased`]). A fetch given up after its `COMMIT`
+    /// closed rather than pooled ([`crate::begin::within`]). A fetch given up after its `COMMIT`
     /// was sent may have committed: its jobs are `running` here unreceived, and the heartbeat's
     /// repair hands them back after the orphan grace.
     async fn fetch(&self, rt: &Runtime, want: usize) -> Result<(Vec<JobRow>, bool), QueueError> {
-        let attempt = async {
-            let mut connection = ClosedUnlessReleased::acquire(&rt.pool).await?;
-            let fetched = self.fetch_on(rt, &mut connection, want).await?;
-            connection.release();
-            Ok::<_, QueueError>(fetched)
-        };
-        tokio::time::timeout(rt.config.database_timeout, attempt)
-            .await
-            .map_err(|_| QueueError::Unanswered(rt.config.database_timeout))?
+        crate::begin::within(&rt.pool, rt.config.database_timeout, async |c| {
+            self.fetch_on(rt, c, want).await
+        })
+        .await
     }
 
     async fn fetch_on(
