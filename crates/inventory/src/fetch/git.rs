@@ -349,8 +349,14 @@ async fn read_tail(mut reader: impl AsyncRead + Unpin) -> Vec<u8> {
     kept
 }
 
-/// The file system block a file's content is reckoned in: a one-byte file takes one.
+/// The file system block a file's content (and a folder) is reckoned in: a one-byte file takes
+/// one.
 pub(crate) const BLOCK_BYTES: u64 = 4096;
+
+/// `bytes` of a file's content in whole [`BLOCK_BYTES`] blocks.
+pub(crate) fn in_blocks(bytes: u64) -> u64 {
+    bytes.div_ceil(BLOCK_BYTES).saturating_mul(BLOCK_BYTES)
+}
 
 /// What the files and folders under `dir` take on disk: a file its size in whole
 /// [`BLOCK_BYTES`] blocks, a folder its own size (symlinks not followed; unreadable entries count
@@ -372,7 +378,7 @@ pub fn disk_usage(dir: &Path) -> u64 {
             // reports: XFS counts the room it sets aside past the end of a file being written
             // (a pack while it is fetched) until the file is closed, up to twice its size.
             let bytes = if meta.is_file() {
-                meta.len().div_ceil(BLOCK_BYTES).saturating_mul(BLOCK_BYTES)
+                in_blocks(meta.len())
             } else {
                 meta.len()
             };

@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use git::BLOCK_BYTES;
 pub use git::disk_usage;
+use git::{BLOCK_BYTES, in_blocks};
 pub use workdir::{CHECKOUT_PREFIX, SweepReport, WorkDir, process_start_time, sweep_stale};
 
 use crate::url_policy::{Scheme, VettedUrl, redact};
@@ -778,7 +778,7 @@ async fn measure(dir: &Path) -> u64 {
 }
 
 /// What a folder is reckoned to take on disk (one file system block).
-const FOLDER_BYTES: u64 = 4096;
+const FOLDER_BYTES: u64 = BLOCK_BYTES;
 
 /// What an entry of git's index takes besides its path: 62 bytes of stat data and object id,
 /// and up to 8 of padding.
@@ -787,9 +787,7 @@ const INDEX_ENTRY_BYTES: u64 = 70;
 /// What a file of `size` bytes at a path of `path_len` bytes takes once checked out: its
 /// content in whole blocks, and its entry in git's index, which holds every path.
 fn checked_out_bytes(size: u64, path_len: u64) -> u64 {
-    size.div_ceil(BLOCK_BYTES)
-        .saturating_mul(BLOCK_BYTES)
-        .saturating_add(INDEX_ENTRY_BYTES + path_len)
+    in_blocks(size).saturating_add(INDEX_ENTRY_BYTES + path_len)
 }
 
 /// Counts the files and folders in `git ls-tree -r -t -l -z` output as it streams, with their

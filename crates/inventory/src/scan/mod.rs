@@ -516,11 +516,6 @@ struct Walker<'a> {
     js_hints: HashMap<String, Option<Framework>>,
 }
 
-/// Whether `e` is the system refusing a path for its length (`ENAMETOOLONG`).
-fn too_long(e: &io::Error) -> bool {
-    e.kind() == io::ErrorKind::InvalidFilename
-}
-
 fn io_error(path: &str, source: io::Error) -> ScanError {
     ScanError::Io {
         path: if path.is_empty() {
@@ -556,13 +551,8 @@ impl Walker<'_> {
     fn walk_dir(&mut self, dir: &Path, rel: &str, depth: usize) -> Result<(), ScanError> {
         // Here too, not only per source file: a tree of folders without one would never stop.
         self.check_stop()?;
-        let listing = match fs::read_dir(dir) {
-            Ok(listing) => listing,
-            Err(e) if too_long(&e) => {
-                self.path_too_long(rel);
-                return Ok(());
-            }
-            Err(e) => return Err(io_error(rel, e)),
+        let Some(listing) = self.unless_too_long(rel, fs::read_dir(dir))? else {
+            return Ok(());
         };
         // Names only: a folder's whole listing is held at once, and a full path per entry (up
         // to 4 KB each in a crafted tree) would take a thousand times the names' memory.
@@ -609,14 +599,10 @@ impl Walker<'_> {
             return Ok(());
         };
         self.check_stop()?;
-        let len = match fs::symlink_metadata(path) {
-            Ok(meta) => meta.len(),
-            Err(e) if too_long(&e) => {
-                self.path_too_long(rel);
-                return Ok(());
-            }
-            Err(e) => return Err(io_error(rel, e)),
+        let Some(meta) = self.unless_too_long(rel, fs::symlink_metadata(path))? else {
+            return Ok(());
         };
+        let len = meta.len();
         if len > self.options.max_file_bytes {
             self.stats.files_too_large += 1;
             return Ok(());
@@ -660,16 +646,28 @@ impl Walker<'_> {
         Ok(())
     }
 
-    /// Leaves out a file or folder whose full path is longer than the system takes
-    /// (`ENAMETOOLONG`): git checks out by paths relative to the checkout, so it writes paths up
-    /// to 4 KB that the walk, under the checkout's own folder, cannot open. Failing the scan for
-    /// it failed the analysis, and each of its retries, the same way.
-    fn path_too_long(&mut self, rel: &str) {
-        self.stats.files_unscannable += 1;
-        tracing::warn!(
-            path_bytes = rel.len(),
-            "a path in the checkout is too long to open; it is left out"
-        );
+    /// What opening `rel` gave, or `None` for a file or folder whose full path is longer than
+    /// the system takes (`ENAMETOOLONG`), which is left out and counted: git checks out by paths
+    /// relative to the checkout, so it writes paths up to 4 KB that the walk, under the
+    /// checkout's own folder, cannot open. Failing the scan for it failed the analysis, and each
+    /// of its retries, the same way.
+    fn unless_too_long<T>(
+        &mut self,
+        rel: &str,
+        opened: io::Result<T>,
+    ) -> Result<Option<T>, ScanError> {
+        match opened {
+            Ok(opened) => Ok(Some(opened)),
+            Err(e) if e.kind() == io::ErrorKind::InvalidFilename => {
+                self.stats.files_unscannable += 1;
+                tracing::warn!(
+                    path_bytes = rel.len(),
+                    "a path in the checkout is too long to open; it is left out"
+                );
+                Ok(None)
+            }
+            Err(e) => Err(io_error(rel, e)),
+        }
     }
 
     /// The runner named by the nearest `package.json` at or above `dir` (inside the root) that
