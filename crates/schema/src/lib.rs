@@ -69,6 +69,25 @@ impl Default for LockPatience {
     }
 }
 
+/// The connect options of a `DATABASE_URL`, or why it is not a PostgreSQL URL (the URL itself
+/// is not repeated: it can hold a password). Every service reads its URL with this before
+/// anything starts, so `mysql://…` or `postgress://…` is one line at start rather than a
+/// service waiting for its database for ever.
+pub fn database_url_options(url: &str) -> Result<PgConnectOptions, String> {
+    // sqlx reads any scheme as PostgreSQL's.
+    if !["postgres://", "postgresql://"]
+        .iter()
+        .any(|scheme| url.starts_with(scheme))
+    {
+        return Err(
+            "DATABASE_URL is not a PostgreSQL URL: it must start with postgres:// or postgresql://"
+                .to_owned(),
+        );
+    }
+    url.parse()
+        .map_err(|e| format!("DATABASE_URL is not a PostgreSQL URL: {e}"))
+}
+
 /// Applies every pending migration (safe to run concurrently: sqlx takes an advisory lock).
 pub async fn migrate(pool: &PgPool) -> Result<(), SchemaError> {
     MIGRATOR.run(pool).await?;

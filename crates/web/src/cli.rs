@@ -2,9 +2,11 @@
 
 use std::io::Write as _;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
+use sqlx::{Connection as _, PgConnection};
 use uuid::Uuid;
 
 use crate::admin;
@@ -66,25 +68,83 @@ fn print_json<T: serde::Serialize>(value: &T) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     serde_json::to_writer_pretty(&mut out, value)?;
     writeln!(out)?;
+    out.flush()?;
     Ok(())
+}
+
+/// Prints what a command wrote to the database; when stdout fails (a closed pipe, a full disk)
+/// the error says what was changed all the same, so the operator is not left to guess (and
+/// retry into duplicates).
+fn print_written<T: serde::Serialize>(
+    value: &T,
+    written: impl FnOnce() -> String,
+) -> anyhow::Result<()> {
+    print_json(value).with_context(|| format!("{}, but printing it failed", written()))
+}
+
+/// How long an admin command waits for the database to answer its first connection.
+const ADMIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Connects once with `pool`'s options, so that a database out of reach is reported with its
+/// reason (refused, a wrong password, no such database): the pool itself says only "pool timed
+/// out" once its acquire timeout is over.
+async fn check_reachable(pool: &sqlx::PgPool) -> anyhow::Result<()> {
+    let options = pool.connect_options();
+    match tokio::time::timeout(ADMIN_CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await {
+        Err(_) => anyhow::bail!(
+            "connecting to the database: no answer within {}s",
+            ADMIN_CONNECT_TIMEOUT.as_secs()
+        ),
+        Ok(connected) => {
+            let connection = connected.context("connecting to the database")?;
+            // Only the answer mattered; a failed goodbye changes nothing.
+            let _ = connection.close().await;
+            Ok(())
+        }
+    }
 }
 
 /// Runs an admin command against the database (no logging on stdout: it carries the result).
 pub async fn run_admin(config: &WebConfig, command: AdminCommand) -> anyhow::Result<()> {
     let pool = crate::pool(config)?;
     let result = async {
+        check_reachable(&pool).await?;
         match command {
             AdminCommand::CreateUser { name, tier } => {
                 let tier = admin::parse_tier(&tier)?;
-                print_json(&admin::create_user(&pool, &name, tier).await?)
+                let user = admin::create_user(&pool, &name, tier).await?;
+                print_written(&user, || format!("user {} was created", user.id))
             }
             AdminCommand::SetTier { user, tier } => {
                 let tier = admin::parse_tier(&tier)?;
-                print_json(&admin::set_tier(&pool, user, tier).await?)
+                let user = admin::set_tier(&pool, user, tier).await?;
+                print_written(&user, || {
+                    format!("user {}'s tier was set to {}", user.id, user.tier)
+                })
             }
-            AdminCommand::IssueKey { user } => print_json(&admin::issue_key(&pool, user).await?),
+            AdminCommand::IssueKey { user } => {
+                let key = admin::issue_key(&pool, user).await?;
+                let Err(e) = print_json(&key) else {
+                    return Ok(());
+                };
+                // The secret is shown only here: a key nobody saw is revoked, not left working.
+                let what = match admin::revoke_key(&pool, &key.key_id).await {
+                    Ok(_) => format!(
+                        "key {} was issued, but printing it failed, so it was revoked (its \
+                         secret was never shown)",
+                        key.key_id
+                    ),
+                    Err(revoke) => format!(
+                        "key {} was issued, but printing it failed, and revoking it failed too \
+                         ({revoke}); revoke it with `web admin revoke-key --key-id {}`",
+                        key.key_id, key.key_id
+                    ),
+                };
+                Err(e.context(what))
+            }
             AdminCommand::RevokeKey { key_id } => {
-                print_json(&admin::revoke_key(&pool, &key_id).await?)
+                let revoked = admin::revoke_key(&pool, &key_id).await?;
+                print_written(&revoked, || format!("key {} was revoked", revoked.key_id))
             }
         }
     }

@@ -297,23 +297,8 @@ impl WebConfig {
             return Err("DATABASE_MAX_CONNECTIONS must be at least 1, got 0".to_owned());
         }
         // Read here, before telemetry starts or anything connects, so a typo is one line on
-        // stderr; the URL itself is not repeated (it can hold a password).
-        if !["postgres://", "postgresql://"]
-            .iter()
-            .any(|scheme| self.database_url.starts_with(scheme))
-        {
-            return Err(
-                "DATABASE_URL is not a PostgreSQL URL: it must start with postgres:// or \
-                 postgresql://"
-                    .to_owned(),
-            );
-        }
-        if let Err(e) = self
-            .database_url
-            .parse::<sqlx::postgres::PgConnectOptions>()
-        {
-            return Err(format!("DATABASE_URL is not a PostgreSQL URL: {e}"));
-        }
+        // stderr.
+        schema::database_url_options(&self.database_url)?;
         let port = self
             .http_addr
             .rsplit_once(':')
@@ -328,9 +313,10 @@ impl WebConfig {
         Ok(())
     }
 
-    /// Loads defaults, then `file` (if given), then the environment.
+    /// Loads defaults, then `file` (if given), then the environment (a variable that is not
+    /// UTF-8 is left out, or refused by name when it is one of the settings).
     pub fn load(file: Option<&Path>) -> Result<WebConfig, Box<common::config::ConfigError>> {
-        Self::load_from(file, std::env::vars().collect())
+        common::config::load(file).map_err(Box::new)
     }
 
     /// [`WebConfig::load`] with an explicit environment.

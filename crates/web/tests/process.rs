@@ -210,6 +210,138 @@ async fn migrate_and_admin_subcommands() {
     assert!(err.contains("no user"), "{err}");
 }
 
+/// An admin command against a database out of reach says why (the connection refused), not only
+/// that a pool timed out, and does so at once rather than after the pool's acquire timeout.
+#[tokio::test]
+async fn an_admin_command_says_why_the_database_is_out_of_reach() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let started = std::time::Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_web"))
+        .args(["admin", "create-user", "--name", "Ada", "--tier", "pro"])
+        .env(
+            "DATABASE_URL",
+            format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+        )
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("web: connecting to the database: ")
+            && stderr.to_lowercase().contains("refused"),
+        "{stderr}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+/// Admin commands whose output cannot be written (stdout on a full disk): the error names what
+/// was written all the same, and a key whose secret nobody saw is revoked rather than left working.
+#[tokio::test]
+async fn an_admin_command_that_cannot_print_says_what_it_changed() {
+    let db = TestDb::new().await;
+    let (ok, _, err) = web(&db, &["migrate"]);
+    assert!(ok, "{err}");
+    let to_full_disk = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_web"))
+            .args(args)
+            .env("DATABASE_URL", db.url())
+            .env("RUST_LOG", "warn")
+            .stdout(
+                std::fs::File::options()
+                    .write(true)
+                    .open("/dev/full")
+                    .unwrap(),
+            )
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        stderr
+    };
+
+    let stderr = to_full_disk(&["admin", "create-user", "--name", "Ada", "--tier", "pro"]);
+    let user_id: uuid::Uuid = sqlx::query_scalar("SELECT id FROM users WHERE name = 'Ada'")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(
+        stderr.contains(&format!(
+            "user {user_id} was created, but printing it failed"
+        )),
+        "{stderr}"
+    );
+
+    let stderr = to_full_disk(&["admin", "issue-key", "--user", &user_id.to_string()]);
+    let (key_id, revoked): (String, bool) =
+        sqlx::query_as("SELECT id, revoked_at IS NOT NULL FROM api_keys WHERE user_id = $1")
+            .bind(user_id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(revoked, "a key nobody saw is still valid");
+    assert!(
+        stderr.contains(&format!(
+            "key {key_id} was issued, but printing it failed, so it was revoked"
+        )),
+        "{stderr}"
+    );
+}
+
+/// An environment variable that is not UTF-8: ignored when it is not one of web's settings (a
+/// panic and exit 101 before, whatever the subcommand), refused by name when it is.
+#[tokio::test]
+async fn a_variable_that_is_not_utf8_is_ignored_unless_it_is_a_setting() {
+    use std::os::unix::ffi::OsStrExt;
+    let db = TestDb::new().await;
+    let (ok, _, err) = web(&db, &["migrate"]);
+    assert!(ok, "{err}");
+    let not_utf8 = std::ffi::OsStr::from_bytes(b"caf\xe9");
+    let out = Command::new(env!("CARGO_BIN_EXE_web"))
+        .args(["admin", "create-user", "--name", "Ada", "--tier", "free"])
+        .env("DATABASE_URL", db.url())
+        .env("RUST_LOG", "warn")
+        .env("LEGACY_LOCALE_NAME", not_utf8)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    let user: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(user["tier"], "free");
+
+    let users: i64 = sqlx::query_scalar("SELECT count(*) FROM users")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_web"))
+        .args(["admin", "create-user", "--name", "Bob", "--tier", "free"])
+        .env("DATABASE_URL", db.url())
+        .env("RUST_LOG", "warn")
+        .env("HTTP_REQUEST_TIMEOUT", not_utf8)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("HTTP_REQUEST_TIMEOUT") && stderr.contains("is not valid UTF-8"),
+        "{stderr}"
+    );
+    let after: i64 = sqlx::query_scalar("SELECT count(*) FROM users")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(after, users);
+}
+
 /// `web migrate` against a table another session holds for longer than it will wait: it gives up
 /// with exit 1 and a message saying why, having waited in short attempts; once the table is free
 /// it succeeds.
