@@ -72,6 +72,20 @@ async fn bad_settings_stop_the_start_with_one_line_and_write_nothing() {
     )
     .await;
     refused(&db, &[("QUEUE_JOB_TIMEOUT", "30")], "`30s`").await;
+    // Any scheme was read as PostgreSQL's: the worker waited for its database for ever.
+    refused(
+        &db,
+        &[("DATABASE_URL", "postgress://db/fairlane")],
+        "DATABASE_URL is not a PostgreSQL URL",
+    )
+    .await;
+    // An empty FAIRLANE_CONFIG is unset (clap refused it as an empty `--config`).
+    refused(
+        &db,
+        &[("FAIRLANE_CONFIG", ""), ("QUEUE_JOB_TIMEOUT", "30")],
+        "`30s`",
+    )
+    .await;
     // Each overflowed a duration sum once the service ran.
     refused(
         &db,

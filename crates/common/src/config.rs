@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
+use clap::builder::TypedValueParser as _;
 use serde::{Serialize, de::DeserializeOwned};
 use serde_json::{Map, Value};
 
@@ -24,6 +25,29 @@ pub fn postgres_millis(d: Duration) -> String {
         "{}ms",
         d.as_millis().clamp(1, i32::MAX.unsigned_abs().into())
     )
+}
+
+/// The `--config FILE` option of the service binaries, also set by `FAIRLANE_CONFIG`. An empty
+/// value counts as unset, as for every other variable (clap alone refuses an empty path).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConfigFileArg {
+    /// A TOML file with settings (environment variables override it).
+    #[arg(
+        long = "config",
+        env = "FAIRLANE_CONFIG",
+        value_name = "FILE",
+        value_parser = clap::builder::OsStringValueParser::new().map(std::path::PathBuf::from)
+    )]
+    file: Option<std::path::PathBuf>,
+}
+
+impl ConfigFileArg {
+    /// The file to read, if any.
+    pub fn path(&self) -> Option<&Path> {
+        self.file
+            .as_deref()
+            .filter(|path| !path.as_os_str().is_empty())
+    }
 }
 
 /// A configuration that could not be assembled, naming where the bad value came from: the

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use queue::EngineConfig;
 use serde::{Deserialize, Serialize};
+use sqlx::postgres::PgConnectOptions;
 use telemetry::TelemetryConfig;
 
 use crate::schedule::{InvalidSchedule, Schedule};
@@ -242,14 +243,14 @@ impl Config {
     }
 
     /// Refuses a pool smaller than [`MIN_DATABASE_CONNECTIONS`].
-    pub fn check_connections(&self) -> Result<(), InvalidConfig> {
+    pub fn check_connections(&self) -> Result<PgConnectOptions, InvalidConfig> {
         if self.database_max_connections < MIN_DATABASE_CONNECTIONS {
             return Err(InvalidConfig(format!(
                 "DATABASE_MAX_CONNECTIONS must be at least {MIN_DATABASE_CONNECTIONS} (the listener, elections, ticks, maintenance, metrics, probes), got {}",
                 self.database_max_connections
             )));
         }
-        Ok(())
+        schema::database_url_options(&self.database_url).map_err(InvalidConfig)
     }
 
     /// The longest a dead or partitioned leader can keep the other replicas from acting,

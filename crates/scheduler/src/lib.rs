@@ -34,7 +34,7 @@ use queue::notifier::Notifier;
 use queue::{Client, LeaderElector, Maintainer, QueueName, TransitionHook};
 use quota::QuotaHook;
 use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgPoolOptions;
 use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
@@ -260,11 +260,7 @@ fn candidate_id() -> String {
 /// unreachable, and reports not ready until it is. Refuses fewer than
 /// [`config::MIN_DATABASE_CONNECTIONS`] connections (sqlx panics on a pool of 0).
 pub fn lazy_pool(config: &Config) -> Result<PgPool, SchedulerError> {
-    config.check_connections()?;
-    let options: PgConnectOptions = config
-        .database_url
-        .parse()
-        .map_err(|e| SchedulerError::Config(config::InvalidConfig(format!("DATABASE_URL: {e}"))))?;
+    let options = config.check_connections()?;
     Ok(PgPoolOptions::new()
         .max_connections(config.database_max_connections)
         .acquire_timeout(Duration::from_secs(10))

@@ -30,11 +30,30 @@ async fn bad_settings_stop_the_start_with_one_line_and_write_nothing() {
             ("OTLP_EXPORT_TIMEOUT", "0s"),
             "OTLP_EXPORT_TIMEOUT must be longer than zero",
         ),
+        // Any scheme was read as PostgreSQL's: the scheduler waited for its database for ever.
+        (
+            ("DATABASE_URL", "mysql://db/fairlane"),
+            "DATABASE_URL is not a PostgreSQL URL",
+        ),
     ] {
         let line = db.refused_start(BIN, &[], &[env]).await;
         assert!(line.starts_with("scheduler: "), "{line}");
         assert!(line.contains(needle), "{env:?}: {line}");
     }
+    // An empty FAIRLANE_CONFIG is unset, like any other empty variable (clap refused it as an
+    // empty `--config` before the settings were read).
+    let line = db
+        .refused_start(
+            BIN,
+            &[],
+            &[("FAIRLANE_CONFIG", ""), ("DATABASE_MAX_CONNECTIONS", "0")],
+        )
+        .await;
+    assert!(
+        line.starts_with("scheduler: ")
+            && line.contains("DATABASE_MAX_CONNECTIONS must be at least 8"),
+        "{line}"
+    );
     // A command line clap refuses is one line and exit code 1 as well.
     let line = db.refused_start(BIN, &["--confg", "x.toml"], &[]).await;
     assert!(

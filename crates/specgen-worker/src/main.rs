@@ -2,7 +2,6 @@
 //! (defaults < `--config` file < environment) and check it, then start telemetry and run until
 //! SIGTERM/SIGINT. A failed start is one line on stderr and exit code 1.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
@@ -11,9 +10,8 @@ use clap::Parser;
 #[derive(Parser)]
 #[command(name = "specgen-worker", version, about = "Fairlane specgen-worker")]
 struct Cli {
-    /// A TOML file with settings (environment variables override it).
-    #[arg(long, env = "FAIRLANE_CONFIG")]
-    config: Option<PathBuf>,
+    #[command(flatten)]
+    config: common::config::ConfigFileArg,
 }
 
 fn main() -> ExitCode {
@@ -25,7 +23,7 @@ fn main() -> ExitCode {
 
 fn run(cli: &Cli) -> anyhow::Result<()> {
     let config: specgen_worker::Config =
-        common::config::load(cli.config.as_deref()).context("loading configuration")?;
+        common::config::load(cli.config.path()).context("loading configuration")?;
     // Before the pool, telemetry or anything else: bad settings change nothing.
     config.validate()?;
     telemetry::runtime::block_on(workerkit::serve(&config.worker, |pool, shutdown| {

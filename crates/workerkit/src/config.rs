@@ -7,6 +7,7 @@ use common::Lane;
 use fairness::FairnessConfig;
 use queue::EngineConfig;
 use serde::{Deserialize, Serialize};
+use sqlx::postgres::PgConnectOptions;
 use telemetry::TelemetryConfig;
 
 /// The fewest database connections a worker process accepts: the notification listener holds one
@@ -62,15 +63,16 @@ impl WorkerConfig {
         self.telemetry.validate()
     }
 
-    /// Refuses a pool smaller than [`MIN_DATABASE_CONNECTIONS`].
-    pub fn check_connections(&self) -> Result<(), String> {
+    /// Refuses a pool smaller than [`MIN_DATABASE_CONNECTIONS`], and a `DATABASE_URL` that is
+    /// not a PostgreSQL URL; returns its connect options.
+    pub fn check_connections(&self) -> Result<PgConnectOptions, String> {
         if self.database_max_connections < MIN_DATABASE_CONNECTIONS {
             return Err(format!(
                 "DATABASE_MAX_CONNECTIONS must be at least {MIN_DATABASE_CONNECTIONS} (the notification listener holds one for good; the heartbeat, the completer and the fetches need one each), got {}",
                 self.database_max_connections
             ));
         }
-        Ok(())
+        schema::database_url_options(&self.database_url)
     }
 
     /// The defaults of one worker service: its own HTTP address and OpenTelemetry service name.

@@ -19,7 +19,7 @@ use fairness::store::TierLimits;
 use fairness::{FairnessGate, FairnessGauges, FairnessHook, FairnessMiddleware, TierCache};
 use queue::{Client, Engine, TransitionHook, Workers};
 use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgPoolOptions;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{
@@ -193,11 +193,7 @@ async fn run_engine(
 /// database is unreachable, and reports not-ready until it is. Refuses fewer than
 /// [`MIN_DATABASE_CONNECTIONS`] connections (sqlx panics on a pool of 0).
 pub fn lazy_pool(config: &WorkerConfig) -> Result<PgPool, WorkerError> {
-    config.check_connections().map_err(WorkerError::Config)?;
-    let options: PgConnectOptions = config
-        .database_url
-        .parse()
-        .map_err(|e| WorkerError::Config(format!("DATABASE_URL: {e}")))?;
+    let options = config.check_connections().map_err(WorkerError::Config)?;
     Ok(PgPoolOptions::new()
         .max_connections(config.database_max_connections)
         .acquire_timeout(Duration::from_secs(10))
