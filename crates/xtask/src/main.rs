@@ -9,9 +9,9 @@ mod services;
 mod test;
 mod tools;
 
-use clap::{Parser, Subcommand};
+use clap::Subcommand;
 
-#[derive(Parser)]
+#[derive(clap::Parser)]
 #[command(name = "cargo xtask", about = "Fairlane developer tasks")]
 struct Cli {
     #[command(subcommand)]
@@ -47,8 +47,12 @@ enum Command {
     },
 }
 
-fn main() {
-    let cli = Cli::parse();
+fn main() -> std::process::ExitCode {
+    // A command line clap refuses is one line and exit code 1, as for the services.
+    let cli = match common::report::parse_command_line::<Cli>("xtask") {
+        Ok(cli) => cli,
+        Err(exit) => return exit,
+    };
     let result = match cli.command {
         Command::Test { no_lint, args } => test::run(!no_lint, &args),
         Command::Bench { suite } => bench::run(suite),
@@ -58,8 +62,9 @@ fn main() {
     };
     if let Err(e) = result {
         say(format!("{e:#}"));
-        std::process::exit(1);
+        return std::process::ExitCode::FAILURE;
     }
+    std::process::ExitCode::SUCCESS
 }
 
 fn dashboards() -> anyhow::Result<()> {
