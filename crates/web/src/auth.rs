@@ -203,8 +203,10 @@ impl<S: Send + Sync> FromRequestParts<S> for AuthUser {
 pub struct Admin;
 
 impl FromRequestParts<AppState> for Admin {
-    type Rejection = Problem;
+    type Rejection = Response;
 
+    /// A caller without the right token is refused 401, and limited as an unauthenticated
+    /// caller of its address ([`crate::rate::refused_admin`]).
     async fn from_request_parts(
         parts: &mut Parts,
         state: &AppState,
@@ -212,16 +214,18 @@ impl FromRequestParts<AppState> for Admin {
         let Some(expected) = state.admin_token.as_deref() else {
             return Err(Problem::forbidden(
                 "the admin API is disabled on this server (ADMIN_TOKEN is not set)",
-            ));
+            )
+            .into_response());
         };
-        match bearer(&parts.headers) {
-            None => Err(Problem::unauthorized(
+        let refusal = match bearer(&parts.headers) {
+            Some(Ok(token)) if keys::secrets_equal(token, expected) => return Ok(Admin),
+            None => Problem::unauthorized(
                 "admin endpoints need an `Authorization: Bearer <admin token>` header",
-            )),
-            Some(Err(reason)) => Err(Problem::unauthorized(reason)),
-            Some(Ok(token)) if keys::secrets_equal(token, expected) => Ok(Admin),
-            Some(Ok(_)) => Err(Problem::unauthorized("the admin token is wrong")),
-        }
+            ),
+            Some(Err(reason)) => Problem::unauthorized(reason),
+            Some(Ok(_)) => Problem::unauthorized("the admin token is wrong"),
+        };
+        Err(crate::rate::refused_admin(state, parts, refusal).await)
     }
 }
 

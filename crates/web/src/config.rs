@@ -127,8 +127,8 @@ impl Default for WebConfig {
     }
 }
 
-/// The shortest `ADMIN_TOKEN` accepted: the admin API is not rate limited, so its token must be
-/// too long to guess.
+/// The shortest `ADMIN_TOKEN` accepted: wrong tokens are rate limited per address only (an
+/// attacker with many addresses has many budgets), so the token must be too long to guess.
 pub const ADMIN_TOKEN_MIN_CHARS: usize = 16;
 
 /// The largest `ENQUEUE_BATCH_MAX` accepted.

@@ -145,6 +145,13 @@ fn add_errors(path: &str, method: &str, op: &mut Operation) {
             "The admin API is disabled on this server (`forbidden`)",
             false,
         );
+        add(
+            op,
+            "429",
+            "Too many requests without the right admin token from this address (`rate_limited`); \
+             the right token is never limited",
+            true,
+        );
     }
     if has_body {
         add(

@@ -7,6 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use axum::extract::{ConnectInfo, MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use ratelimit::{DescriptorKey, RateLimitOutcome, RateLimitRequest, ceil_seconds};
 
@@ -130,23 +131,51 @@ fn apply(headers: &mut HeaderMap, list: Vec<(HeaderName, String)>) {
 /// or the one its `X-Forwarded-For` names when the peer is a trusted proxy
 /// ([`crate::client_addr::TrustedProxies::client`]).
 pub async fn limit(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let (parts, body) = req.into_parts();
+    let identity = parts.extensions.get::<Identity>();
+    match verdict(&state, identity, &parts).await {
+        Err(refused) => refused,
+        Ok(headers) => {
+            let mut response = next.run(Request::from_parts(parts, body)).await;
+            apply(response.headers_mut(), headers);
+            response
+        }
+    }
+}
+
+/// An admin request refused for its credentials (no token, a wrong one): charged to the
+/// client's address like any unauthenticated call, so guesses at the admin token are limited,
+/// and answered 429 once that budget is spent. A request with the right token is never charged.
+pub async fn refused_admin(state: &AppState, parts: &Parts, refusal: Problem) -> Response {
+    match verdict(state, None, parts).await {
+        Err(refused) => refused,
+        Ok(headers) => {
+            let mut response = refusal.into_response();
+            apply(response.headers_mut(), headers);
+            response
+        }
+    }
+}
+
+/// The limiter's verdict on a request of `identity`: the limit headers for its answer, or the
+/// complete 429 answer. No limiter, no headers.
+async fn verdict(
+    state: &AppState,
+    identity: Option<&Identity>,
+    parts: &Parts,
+) -> Result<Vec<(HeaderName, String)>, Response> {
     let Some(limiter) = state.limiter.as_ref() else {
-        return next.run(req).await;
+        return Ok(Vec::new());
     };
-    let route = req
-        .extensions()
+    let route = parts
+        .extensions
         .get::<MatchedPath>()
-        .map_or_else(|| req.uri().path().to_owned(), |m| m.as_str().to_owned());
-    let remote = req
-        .extensions()
+        .map_or_else(|| parts.uri.path().to_owned(), |m| m.as_str().to_owned());
+    let remote = parts
+        .extensions
         .get::<ConnectInfo<SocketAddr>>()
-        .map(|c| state.trusted_proxies.client(c.0, req.headers()));
-    let request = describe(
-        req.extensions().get::<Identity>(),
-        remote,
-        &route,
-        req.method().as_str(),
-    );
+        .map(|c| state.trusted_proxies.client(c.0, &parts.headers));
+    let request = describe(identity, remote, &route, parts.method.as_str());
     let outcome = limiter.check(&request).await;
     let headers = limit_headers(&outcome);
     if !outcome.allowed {
@@ -166,11 +195,9 @@ pub async fn limit(State(state): State<AppState>, req: Request, next: Next) -> R
         if let Ok(v) = HeaderValue::from_str(&retry.to_string()) {
             response.headers_mut().insert(http::header::RETRY_AFTER, v);
         }
-        return response;
+        return Err(response);
     }
-    let mut response = next.run(req).await;
-    apply(response.headers_mut(), headers);
-    response
+    Ok(headers)
 }
 
 #[cfg(test)]

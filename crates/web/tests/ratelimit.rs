@@ -113,6 +113,59 @@ async fn headers_on_allowed_responses_and_a_complete_429() {
     s.stop().await;
 }
 
+/// Wrong admin tokens are limited per address like any other unauthenticated call (guesses at
+/// the admin token were unlimited); the right token is never limited, not even from an address
+/// whose budget wrong ones have used up.
+#[tokio::test]
+async fn wrong_admin_tokens_are_limited_per_address_and_the_right_one_never_is() {
+    let db = TestDb::new().await;
+    let mut c = config(&db);
+    c.ratelimit_enabled = true;
+    let rules = rules(100, 3);
+    c.ratelimit_rules = rules.path.clone();
+    let s = TestServer::start(c).await;
+    let body = serde_json::json!({"name": "Mallory", "tier": "enterprise"});
+    for _ in 0..3 {
+        let r = s
+            .http
+            .post_json("/admin/users", "a-wrong-admin-token", &body)
+            .await;
+        r.problem(401, "unauthorized");
+        assert_limit_headers(&r, 3);
+    }
+    let r = s
+        .http
+        .post_json("/admin/users", "another-guess-at-it", &body)
+        .await;
+    let problem = r.problem(429, "rate_limited");
+    let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert_eq!(problem["retry_after"], retry);
+    // No token at all counts the same.
+    s.http
+        .send(Method::DELETE, "/admin/keys/0011223344556677", &[], None)
+        .await
+        .problem(429, "rate_limited");
+    let users: i64 = sqlx::query_scalar("SELECT count(*) FROM users")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(users, 0);
+    // The admin, from the same address, is not held back.
+    for n in 0..5 {
+        let r = s
+            .http
+            .post_json(
+                "/admin/users",
+                support::ADMIN_TOKEN,
+                &serde_json::json!({"name": format!("user {n}"), "tier": "pro"}),
+            )
+            .await;
+        assert_eq!(r.status, 201, "{}", r.text());
+        assert_eq!(r.header("x-ratelimit-limit"), None);
+    }
+    s.stop().await;
+}
+
 /// An anonymous `GET /v1/usage` that says it was forwarded for `chain`; its status.
 async fn forwarded(s: &TestServer, chain: Option<&str>) -> u16 {
     let headers: Vec<(&str, &str)> = chain.map(|c| ("x-forwarded-for", c)).into_iter().collect();
