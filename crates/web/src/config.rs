@@ -47,6 +47,10 @@ pub struct WebConfig {
     pub database_lock_timeout: Duration,
     /// Largest request body accepted, in bytes.
     pub http_body_limit: usize,
+    /// Memory, in bytes, that reads of large stored results (inventories, specviews) share at
+    /// once: each waits for its peak (about three times its text) and holds it until its answer
+    /// is sent; one larger than this runs alone. See [`crate::large_reads`].
+    pub http_large_read_memory: u64,
     /// A request's headers must arrive within this, counted from when the connection is ready
     /// for them (an idle keep-alive connection is closed after it too, so it is longer than the
     /// usual proxies' idle timeout of 60 s: a proxy must never reuse a connection web is closing).
@@ -111,6 +115,7 @@ impl Default for WebConfig {
             http_request_timeout: Duration::from_secs(30),
             database_lock_timeout: Duration::from_secs(5),
             http_body_limit: 16 * 1024,
+            http_large_read_memory: 192 * 1024 * 1024,
             http_header_read_timeout: Duration::from_secs(75),
             http_max_connections: 4096,
             http_trusted_proxies: String::new(),
@@ -207,6 +212,12 @@ impl WebConfig {
         self.check_migration()?;
         if self.http_body_limit == 0 {
             return Err("HTTP_BODY_LIMIT must be at least 1 byte".to_owned());
+        }
+        if self.http_large_read_memory < 1024 * 1024 {
+            return Err(format!(
+                "HTTP_LARGE_READ_MEMORY must be at least 1048576 bytes (1 MiB), got {}",
+                self.http_large_read_memory
+            ));
         }
         for (name, n, max) in [
             (

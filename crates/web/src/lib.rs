@@ -17,6 +17,7 @@ pub mod enqueue;
 pub mod extract;
 pub mod held;
 pub mod keys;
+pub mod large_reads;
 pub mod middleware;
 pub mod openapi;
 pub mod problem;
@@ -237,6 +238,7 @@ pub fn build_state(
         ),
         trusted_proxies: config.trusted_proxies().map_err(anyhow::Error::msg)?,
         admin_token: config.admin_token.clone(),
+        large_reads: large_reads::LargeReads::new(config.http_large_read_memory),
         request_duration,
         docs_html: docs::render(&doc),
         openapi_json,

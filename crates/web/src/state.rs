@@ -35,6 +35,8 @@ pub struct Inner {
     /// Whose `X-Forwarded-For` names the client the rate limiter sees (`HTTP_TRUSTED_PROXIES`).
     pub trusted_proxies: crate::client_addr::TrustedProxies,
     pub admin_token: Option<String>,
+    /// The memory that reads of large stored results share (`HTTP_LARGE_READ_MEMORY`).
+    pub large_reads: crate::large_reads::LargeReads,
     pub request_duration: Histogram<f64>,
     pub openapi_json: String,
     pub docs_html: String,

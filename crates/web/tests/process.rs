@@ -589,6 +589,54 @@ async fn a_large_result_is_served_without_parsing_it() {
     let db = TestDb::new().await;
     let (child, http) = spawn_web(&db, &[]).await;
     let (user, key) = user_with_key(&db.pool, "pro").await;
+    let (id, stored) = large_analysis(&db, user).await;
+    let before = peak_resident_bytes(child.pid());
+    let r = http.get(&format!("/v1/analyses/{id}"), &key).await;
+    assert_large_analysis(&r);
+    let grown = peak_resident_bytes(child.pid()).saturating_sub(before);
+    eprintln!("stored {} MB, peak grew {} MB", stored >> 20, grown >> 20);
+    assert!(
+        grown < 4 * stored,
+        "reading {stored} bytes of result raised the peak by {grown} bytes"
+    );
+}
+
+/// Concurrent reads of one large result share `HTTP_LARGE_READ_MEMORY` (here less than one
+/// read's peak, so they run one at a time): four at once raise web's peak memory about as much
+/// as one, where each added its own three times the text (a few polls of a large result could
+/// take the process past its memory limit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_reads_of_a_large_result_share_a_memory_budget() {
+    let db = TestDb::new().await;
+    let (child, http) = spawn_web(&db, &[("HTTP_LARGE_READ_MEMORY", "100000000".into())]).await;
+    let (user, key) = user_with_key(&db.pool, "pro").await;
+    let (id, stored) = large_analysis(&db, user).await;
+    let before = peak_resident_bytes(child.pid());
+    let reads: Vec<_> = (0..4)
+        .map(|_| {
+            let http = http.clone();
+            let (path, key) = (format!("/v1/analyses/{id}"), key.clone());
+            tokio::spawn(async move { http.get(&path, &key).await })
+        })
+        .collect();
+    for read in reads {
+        assert_large_analysis(&read.await.unwrap());
+    }
+    let grown = peak_resident_bytes(child.pid()).saturating_sub(before);
+    eprintln!(
+        "stored {} MB, four reads grew the peak {} MB",
+        stored >> 20,
+        grown >> 20
+    );
+    assert!(
+        grown < 5 * stored,
+        "four reads of {stored} bytes of result raised the peak by {grown} bytes"
+    );
+}
+
+/// A completed analysis of `user` with an inventory of 400 files of 1,000 tests (about 68 MB
+/// of JSON); its id and the size of its result as text.
+async fn large_analysis(db: &TestDb, user: uuid::Uuid) -> (uuid::Uuid, u64) {
     let (id,): (uuid::Uuid,) = sqlx::query_as(
         "INSERT INTO analyses (user_id, repository, commit, state, result, completed_at) \
          SELECT $1, 'https://example.com/big.git', repeat('b', 40), 'completed', \
@@ -608,21 +656,17 @@ async fn a_large_result_is_served_without_parsing_it() {
             .fetch_one(&db.pool)
             .await
             .unwrap();
-    let stored = u64::try_from(stored).unwrap();
-    let before = peak_resident_bytes(child.pid());
-    let r = http.get(&format!("/v1/analyses/{id}"), &key).await;
+    (id, u64::try_from(stored).unwrap())
+}
+
+/// `r` is [`large_analysis`]'s record with its whole inventory.
+fn assert_large_analysis(r: &support::Resp) {
     assert_eq!(r.status, 200);
     let body = r.json();
     assert_eq!(body["result"]["files"].as_array().unwrap().len(), 400);
     assert_eq!(
         body["result"]["files"][399]["tests"][999]["line"], 1000,
         "the inventory as stored"
-    );
-    let grown = peak_resident_bytes(child.pid()).saturating_sub(before);
-    eprintln!("stored {} MB, peak grew {} MB", stored >> 20, grown >> 20);
-    assert!(
-        grown < 4 * stored,
-        "reading {stored} bytes of result raised the peak by {grown} bytes"
     );
 }
 

@@ -192,11 +192,10 @@ pub async fn create(
                 Problem::committed_unread(e, "analysis (served from the cache)")
                     .with("analysis_id", view.id.to_string())
             };
-            let full = read_analysis(&state, view.id, user.user_id)
+            read_analysis(&state, view.id, user.user_id)
                 .await
                 .map_err(|e| committed(&e))?
-                .ok_or_else(|| committed(&"a cached analysis vanished after its commit"))?;
-            Ok(super::json_off_runtime(StatusCode::OK, full).await)
+                .ok_or_else(|| committed(&"a cached analysis vanished after its commit"))
         }
         Enqueued::Accepted(job) => {
             let job_id = job.id;
@@ -230,24 +229,43 @@ pub async fn get(
     let Some(analysis_id) = super::path_uuid(&id) else {
         return Err(not_found());
     };
-    let view = read_analysis(&state, analysis_id, user.user_id)
+    read_analysis(&state, analysis_id, user.user_id)
         .await?
-        .ok_or_else(not_found)?;
-    Ok(super::json_off_runtime(StatusCode::OK, view).await)
+        .ok_or_else(not_found)
 }
 
-/// The analysis `id` of `user`, if there is one.
+/// The text bytes of the analysis's result when it is large enough to weigh
+/// ([`crate::large_reads::LargeReads::admit`]), else 0.
+pub const WEIGH_ANALYSIS_SQL: &str = "SELECT CASE WHEN state = 'completed' \
+     AND pg_column_size(result) > 262144 THEN octet_length(result::text) ELSE 0 END::bigint \
+     FROM analyses WHERE id = $1 AND user_id = $2";
+
+/// The analysis `id` of `user` as a `200` answer, if there is one; a large result waits for its
+/// share of the memory for large reads, held until the answer is sent.
 async fn read_analysis(
     state: &AppState,
     id: Uuid,
     user: Uuid,
-) -> Result<Option<AnalysisView>, sqlx::Error> {
+) -> Result<Option<Response>, sqlx::Error> {
+    let admitted = state
+        .large_reads
+        .admit(&state.pool, WEIGH_ANALYSIS_SQL, id, user)
+        .await?;
     let sql = format!("SELECT {ANALYSIS_COLUMNS} FROM analyses WHERE id = $1 AND user_id = $2");
-    sqlx::query_as(sqlx::AssertSqlSafe(sql))
-        .bind(id)
-        .bind(user)
-        .fetch_optional(&state.pool)
-        .await
+    let view: Option<AnalysisView> = admitted
+        .read(&state.pool, async |conn| {
+            sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                .bind(id)
+                .bind(user)
+                .fetch_optional(conn)
+                .await
+        })
+        .await?;
+    let Some(view) = view else {
+        return Ok(None);
+    };
+    let response = super::json_off_runtime(StatusCode::OK, view).await;
+    Ok(Some(admitted.holding(response)))
 }
 
 #[cfg(test)]

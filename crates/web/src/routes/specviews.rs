@@ -199,16 +199,24 @@ async fn representation(
         return Err(not_found());
     };
     if wants_markdown(headers) {
+        let admitted = state
+            .large_reads
+            .admit(&state.pool, WEIGH_MARKDOWN_SQL, specview_id, user.user_id)
+            .await?;
         // The Markdown alone: the structured result beside it can be as large again (up to
         // 64 MiB together), and would be read and dropped.
-        let row: Option<(String, Option<String>)> = sqlx::query_as(
-            "SELECT state::text, CASE WHEN state = 'completed' THEN markdown END \
-             FROM specviews WHERE id = $1 AND user_id = $2",
-        )
-        .bind(specview_id)
-        .bind(user.user_id)
-        .fetch_optional(&state.pool)
-        .await?;
+        let row: Option<(String, Option<String>)> = admitted
+            .read(&state.pool, async |conn| {
+                sqlx::query_as(
+                    "SELECT state::text, CASE WHEN state = 'completed' THEN markdown END \
+                     FROM specviews WHERE id = $1 AND user_id = $2",
+                )
+                .bind(specview_id)
+                .bind(user.user_id)
+                .fetch_optional(conn)
+                .await
+            })
+            .await?;
         let (work_state, markdown) = row.ok_or_else(not_found)?;
         let Some(markdown) = markdown else {
             return Err(Problem::conflict(format!(
@@ -220,17 +228,38 @@ async fn representation(
             http::header::CONTENT_TYPE,
             HeaderValue::from_static("text/markdown; charset=utf-8"),
         );
-        return Ok(response);
+        return Ok(admitted.holding(response));
     }
+    let admitted = state
+        .large_reads
+        .admit(&state.pool, WEIGH_SPECVIEW_SQL, specview_id, user.user_id)
+        .await?;
     let sql = format!("SELECT {SPECVIEW_COLUMNS} FROM specviews WHERE id = $1 AND user_id = $2");
-    let row: Option<SpecviewView> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-        .bind(specview_id)
-        .bind(user.user_id)
-        .fetch_optional(&state.pool)
+    let row: Option<SpecviewView> = admitted
+        .read(&state.pool, async |conn| {
+            sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                .bind(specview_id)
+                .bind(user.user_id)
+                .fetch_optional(conn)
+                .await
+        })
         .await?;
     let view = row.ok_or_else(not_found)?;
-    Ok(super::json_off_runtime(http::StatusCode::OK, view).await)
+    let response = super::json_off_runtime(http::StatusCode::OK, view).await;
+    Ok(admitted.holding(response))
 }
+
+/// The text bytes of the specview's result and Markdown when they are large enough to weigh
+/// ([`crate::large_reads::LargeReads::admit`]), else 0.
+pub const WEIGH_SPECVIEW_SQL: &str = "SELECT CASE WHEN state = 'completed' \
+     AND coalesce(pg_column_size(result), 0) + coalesce(pg_column_size(markdown), 0) > 262144 \
+     THEN coalesce(octet_length(result::text), 0) + coalesce(octet_length(markdown), 0) \
+     ELSE 0 END::bigint FROM specviews WHERE id = $1 AND user_id = $2";
+
+/// [`WEIGH_SPECVIEW_SQL`] for the Markdown alone.
+pub const WEIGH_MARKDOWN_SQL: &str = "SELECT CASE WHEN state = 'completed' \
+     AND pg_column_size(markdown) > 262144 THEN octet_length(markdown) ELSE 0 END::bigint \
+     FROM specviews WHERE id = $1 AND user_id = $2";
 
 #[cfg(test)]
 mod tests {
