@@ -61,16 +61,20 @@ pub async fn stage(
     commit: &str,
     result: &str,
 ) -> Result<bool, sqlx::Error> {
-    let updated = sqlx::query(
-        "UPDATE analyses SET commit = $3, result = $4::jsonb, error = NULL, updated_at = now() \
-         WHERE id = $1 AND job_id = $2 AND state = 'running' \
-           AND (commit IS NULL OR commit = $3 OR user_id IS NULL)",
-    )
-    .bind(analysis_id)
-    .bind(job_id)
-    .bind(commit)
-    .bind(result)
-    .execute(pool)
+    let updated = crate::with_buffers_given_back(pool, async |conn| {
+        sqlx::query(
+            "UPDATE analyses SET commit = $3, result = $4::jsonb, error = NULL, \
+                    updated_at = now() \
+             WHERE id = $1 AND job_id = $2 AND state = 'running' \
+               AND (commit IS NULL OR commit = $3 OR user_id IS NULL)",
+        )
+        .bind(analysis_id)
+        .bind(job_id)
+        .bind(commit)
+        .bind(result)
+        .execute(conn)
+        .await
+    })
     .await?;
     Ok(updated.rows_affected() == 1)
 }

@@ -21,6 +21,23 @@ pub mod specviews;
 
 pub use hook::{RecordHook, SettleError, settle};
 
+use sqlx::{Connection as _, PgConnection, PgPool};
+
+/// Runs `work`, which reads or writes a large value (an inventory, a specview: up to 64 MiB), on
+/// a connection of `pool`, then gives back the memory the connection's buffers grew to for it.
+/// sqlx keeps a connection's read and write buffers at the largest message they held, so every
+/// pooled connection that once carried a large value would hold that much for good: a service's
+/// pool of 20 connections could come to hold more than a gigabyte.
+pub async fn with_buffers_given_back<T>(
+    pool: &PgPool,
+    work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
+) -> Result<T, sqlx::Error> {
+    let mut connection = pool.acquire().await?;
+    let result = work(&mut connection).await;
+    connection.shrink_buffers();
+    result
+}
+
 /// The state of an analysis or specview record (`fairlane_work_state`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
 #[sqlx(type_name = "fairlane_work_state", rename_all = "snake_case")]
@@ -95,7 +112,7 @@ impl std::fmt::Display for Refusal {
 /// Why record `id` of `table` (`analyses` or `specviews`) could not be claimed by `job_id`,
 /// read right after the claim found nothing to update.
 async fn read_refusal(
-    pool: &sqlx::PgPool,
+    pool: &PgPool,
     table: &'static str,
     id: uuid::Uuid,
     job_id: i64,

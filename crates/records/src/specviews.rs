@@ -31,8 +31,10 @@ pub async fn claim(
     specview_id: Uuid,
     job_id: i64,
 ) -> Result<Result<SpecviewRecord, Refusal>, sqlx::Error> {
-    let claimed: Option<SpecviewRecord> = sqlx::query_as(
-        "WITH claimed AS ( \
+    // The analysis's inventory comes with it: up to 64 MiB.
+    let claimed: Option<SpecviewRecord> = crate::with_buffers_given_back(pool, async |conn| {
+        sqlx::query_as(
+            "WITH claimed AS ( \
            UPDATE specviews s SET state = 'running', updated_at = now(), job_id = $2 \
            WHERE id = $1 AND state IN ('pending', 'running') \
              AND (job_id IS NULL OR job_id = $2) \
@@ -44,10 +46,12 @@ pub async fn claim(
                 a.repository, a.commit, \
                 CASE WHEN a.state = 'completed' THEN a.result::text END AS analysis_result \
          FROM claimed c JOIN analyses a ON a.id = c.analysis_id",
-    )
-    .bind(specview_id)
-    .bind(job_id)
-    .fetch_optional(pool)
+        )
+        .bind(specview_id)
+        .bind(job_id)
+        .fetch_optional(conn)
+        .await
+    })
     .await?;
     if let Some(record) = claimed {
         return Ok(Ok(record));
@@ -79,16 +83,19 @@ pub async fn stage(
     result: &str,
     markdown: &str,
 ) -> Result<bool, sqlx::Error> {
-    let updated = sqlx::query(
-        "UPDATE specviews SET result = $3::jsonb, markdown = $4, error = NULL, \
-                updated_at = now() \
-         WHERE id = $1 AND job_id = $2 AND state = 'running'",
-    )
-    .bind(specview_id)
-    .bind(job_id)
-    .bind(result)
-    .bind(markdown)
-    .execute(pool)
+    let updated = crate::with_buffers_given_back(pool, async |conn| {
+        sqlx::query(
+            "UPDATE specviews SET result = $3::jsonb, markdown = $4, error = NULL, \
+                    updated_at = now() \
+             WHERE id = $1 AND job_id = $2 AND state = 'running'",
+        )
+        .bind(specview_id)
+        .bind(job_id)
+        .bind(result)
+        .bind(markdown)
+        .execute(conn)
+        .await
+    })
     .await?;
     Ok(updated.rows_affected() == 1)
 }

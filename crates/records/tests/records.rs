@@ -836,3 +836,92 @@ async fn a_specview_of_another_users_analysis_is_refused() {
         .unwrap();
     assert_eq!(state, WorkState::Pending, "not claimed");
 }
+
+/// The process's resident memory now (`VmRSS`), in bytes.
+fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .map(|v| v.trim().parse().unwrap())
+        .unwrap();
+    kib * 1024
+}
+
+/// Four connections that each staged a 40 MB inventory, and then read it back for a specview,
+/// keep none of that memory: sqlx kept a connection's buffers at the largest message they had
+/// held, so a worker's pool came to hold tens of megabytes per connection for good (160 MB here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_that_carried_a_large_result_give_its_memory_back() {
+    let db = TestDb::new().await;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect(&db.url())
+        .await
+        .unwrap();
+    let owner = user(&db.pool).await;
+    let mut records = Vec::new();
+    for n in 0..4u64 {
+        let job = running_job(&db.pool, "analysis", 3).await;
+        let commit = sha(900 + n);
+        let id = analysis(&db.pool, Some(owner), Some(&commit), job).await;
+        analyses::claim(&db.pool, id, job).await.unwrap().unwrap();
+        records.push((id, job, commit));
+    }
+    let large = json!({"tests": "x".repeat(40 << 20)}).to_string();
+    let before = resident_bytes();
+    // At once, so that each takes a connection of its own.
+    let staged = futures_util::future::join_all(
+        records
+            .iter()
+            .map(|(id, job, commit)| analyses::stage(&pool, *id, *job, commit, &large)),
+    )
+    .await;
+    assert!(staged.into_iter().all(|s| s.unwrap()));
+    let after_writes = resident_bytes().saturating_sub(before);
+    for (id, job, _) in &records {
+        sqlx::query("UPDATE analyses SET state = 'completed', completed_at = now() WHERE id = $1")
+            .bind(id)
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        sqlx::query(
+            "UPDATE fairlane_job SET state = 'completed', finalized_at = now() WHERE id = $1",
+        )
+        .bind(job)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+    let mut claims = Vec::new();
+    for (id, _, _) in &records {
+        let job = running_job(&db.pool, "specview", 3).await;
+        claims.push((specview(&db.pool, owner, *id, job).await, job));
+    }
+    let claimed = futures_util::future::join_all(
+        claims
+            .iter()
+            .map(|(specview, job)| specviews::claim(&pool, *specview, *job)),
+    )
+    .await;
+    for claim in claimed {
+        let record = claim.unwrap().unwrap();
+        // As jsonb prints it: `{"tests": "x…"}`, a space after the colon.
+        assert_eq!(record.analysis_result.map(|r| r.len()), Some(large.len() + 1));
+    }
+    let after_reads = resident_bytes().saturating_sub(before);
+    eprintln!(
+        "resident memory grew by {} MB after the writes, {} MB after the reads",
+        after_writes >> 20,
+        after_reads >> 20
+    );
+    assert!(
+        after_writes < 80 << 20,
+        "{after_writes} bytes kept after the writes"
+    );
+    assert!(
+        after_reads < 80 << 20,
+        "{after_reads} bytes kept after the reads"
+    );
+}

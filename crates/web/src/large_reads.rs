@@ -11,7 +11,7 @@ use axum::body::Body;
 use axum::response::Response;
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
-use sqlx::{Connection as _, PgConnection, PgPool};
+use sqlx::{PgConnection, PgPool};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
@@ -102,10 +102,7 @@ impl Admitted {
         pool: &PgPool,
         read: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
     ) -> Result<T, sqlx::Error> {
-        let mut connection = pool.acquire().await?;
-        let result = read(&mut connection).await;
-        connection.shrink_buffers();
-        result
+        records::with_buffers_given_back(pool, read).await
     }
 
     /// `response` with the share held by its body until the body has been sent (or dropped
