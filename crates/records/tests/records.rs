@@ -908,7 +908,10 @@ async fn connections_that_carried_a_large_result_give_its_memory_back() {
     for claim in claimed {
         let record = claim.unwrap().unwrap();
         // As jsonb prints it: `{"tests": "x…"}`, a space after the colon.
-        assert_eq!(record.analysis_result.map(|r| r.len()), Some(large.len() + 1));
+        assert_eq!(
+            record.analysis_result.map(|r| r.len()),
+            Some(large.len() + 1)
+        );
     }
     let after_reads = resident_bytes().saturating_sub(before);
     eprintln!(
