@@ -106,6 +106,11 @@ async fn check_reachable(pool: &sqlx::PgPool) -> anyhow::Result<()> {
 
 /// Runs an admin command against the database (no logging on stdout: it carries the result).
 pub async fn run_admin(config: &WebConfig, command: AdminCommand) -> anyhow::Result<()> {
+    // A bad argument is told before anything connects (not after a wait for a database out of
+    // reach).
+    if let AdminCommand::CreateUser { tier, .. } | AdminCommand::SetTier { tier, .. } = &command {
+        admin::parse_tier(tier)?;
+    }
     let pool = crate::pool(config)?;
     let result = async {
         check_reachable(&pool).await?;
@@ -131,7 +136,7 @@ pub async fn run_admin(config: &WebConfig, command: AdminCommand) -> anyhow::Res
                 let what = match admin::revoke_key(&pool, &key.key_id).await {
                     Ok(_) => format!(
                         "key {} was issued, but printing it failed, so it was revoked (its \
-                         secret was never shown)",
+                         secret may have been printed in part)",
                         key.key_id
                     ),
                     Err(revoke) => format!(

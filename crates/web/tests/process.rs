@@ -240,6 +240,26 @@ async fn an_admin_command_says_why_the_database_is_out_of_reach() {
         "{:?}",
         started.elapsed()
     );
+    // A bad argument is told first, not the database out of reach.
+    let out = Command::new(env!("CARGO_BIN_EXE_web"))
+        .args([
+            "admin",
+            "set-tier",
+            "--user",
+            &uuid::Uuid::nil().to_string(),
+            "--tier",
+            "gold",
+        ])
+        .env(
+            "DATABASE_URL",
+            format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+        )
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("unknown tier `gold`"), "{stderr}");
 }
 
 /// Admin commands whose output cannot be written (stdout on a full disk): the error names what
