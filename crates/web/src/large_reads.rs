@@ -8,25 +8,46 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::body::Body;
+use axum::response::IntoResponse as _;
 use axum::response::Response;
 use bytes::Bytes;
+use http::StatusCode;
 use http_body::{Frame, SizeHint};
-use sqlx::{PgConnection, PgPool};
+use serde::Serialize;
+use sqlx::PgPool;
+use sqlx::postgres::PgRow;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
+
+use crate::problem::Problem;
 
 /// The budget's unit.
 const MIB: u64 = 1024 * 1024;
 
-/// A stored value at most this large (as stored: TOAST-compressed) is served without weighing:
-/// a few megabytes of text at most.
-pub const UNWEIGHED_STORED_BYTES: i64 = 256 * 1024;
+/// A `jsonb` value stored in at most this many bytes (`pg_column_size`: TOAST-compressed) is
+/// read with its row, unweighed. Compression can shrink repetitive JSON many times, so this is
+/// kept small: what it lets through is a few megabytes of text at the very most.
+pub const UNWEIGHED_STORED_JSON_BYTES: i64 = 16 * 1024;
+
+/// A text value (Markdown) of at most this many bytes (`octet_length`, exact) is read with its
+/// row, unweighed.
+pub const UNWEIGHED_TEXT_BYTES: i64 = 1024 * 1024;
 
 /// What serving a result of `text_bytes` takes at its peak, in bytes: the connection's read
 /// buffer, the decoded text and the response body (`a_large_result_is_served_without_parsing_it`
 /// measures under four times the text).
 pub fn peak_bytes(text_bytes: u64) -> u64 {
     text_bytes.saturating_mul(3)
+}
+
+/// A row as its first statement reads it: with its large values when they are small enough
+/// to read unweighed, else without them (NULL) and with their size as text.
+#[derive(Debug, sqlx::FromRow)]
+pub struct Weighed<T> {
+    #[sqlx(flatten)]
+    pub row: T,
+    /// The text bytes of the values left out of `row`; NULL when nothing was left out.
+    pub large_text_bytes: Option<i64>,
 }
 
 /// The budget, in MiB permits.
@@ -53,32 +74,56 @@ impl LargeReads {
         u32::try_from(mib).unwrap_or(u32::MAX).clamp(1, self.total)
     }
 
-    /// Weighs the row `weigh_sql` selects for `id` of `user` (one `bigint`: the text bytes of
-    /// what will be read, 0 when small or absent) and, if it is large, waits for its share. The
-    /// request's own timeout bounds the wait (503 `timeout`, nothing changed).
-    pub async fn admit(
+    /// Reads the row of `table` with `id` belonging to `user`: in one statement of
+    /// `weighed_columns` (a [`Weighed`] row) when its large values are small, else, once their
+    /// share of the budget is free, again with `columns`, whole. Each statement runs on a
+    /// connection that gives back the buffers it grew ([`records::with_buffers_given_back`]).
+    /// The request's own timeout bounds the wait.
+    pub async fn read_record<T>(
         &self,
         pool: &PgPool,
-        weigh_sql: &'static str,
+        table: &'static str,
+        (columns, weighed_columns): (&'static str, &'static str),
         id: Uuid,
         user: Uuid,
-    ) -> Result<Admitted, sqlx::Error> {
-        let text_bytes: Option<i64> = sqlx::query_scalar(weigh_sql)
-            .bind(id)
-            .bind(user)
-            .fetch_optional(pool)
-            .await?;
-        let text_bytes = text_bytes.map_or(0, |b| u64::try_from(b).unwrap_or(0));
-        if text_bytes == 0 {
-            return Ok(Admitted { permit: None });
-        }
-        let share = self.share(text_bytes);
+    ) -> Result<Option<(T, Admitted)>, sqlx::Error>
+    where
+        T: for<'r> sqlx::FromRow<'r, PgRow> + Send + Unpin,
+    {
+        let select = |columns: &str| {
+            sqlx::AssertSqlSafe(format!(
+                "SELECT {columns} FROM {table} WHERE id = $1 AND user_id = $2"
+            ))
+        };
+        let first: Option<Weighed<T>> = records::with_buffers_given_back(pool, async |conn| {
+            sqlx::query_as(select(weighed_columns))
+                .bind(id)
+                .bind(user)
+                .fetch_optional(conn)
+                .await
+        })
+        .await?;
+        let Some(first) = first else {
+            return Ok(None);
+        };
+        let Some(text_bytes) = first.large_text_bytes else {
+            return Ok(Some((first.row, Admitted { permit: None })));
+        };
+        let share = self.share(u64::try_from(text_bytes).unwrap_or(0));
         // The semaphore is never closed.
         let permit = Arc::clone(&self.permits)
             .acquire_many_owned(share)
             .await
             .ok();
-        Ok(Admitted { permit })
+        let whole: Option<T> = records::with_buffers_given_back(pool, async |conn| {
+            sqlx::query_as(select(columns))
+                .bind(id)
+                .bind(user)
+                .fetch_optional(conn)
+                .await
+        })
+        .await?;
+        Ok(whole.map(|row| (row, Admitted { permit })))
     }
 
     /// Permits free now (for tests).
@@ -94,22 +139,49 @@ pub struct Admitted {
 }
 
 impl Admitted {
-    /// Runs `read` on a connection of `pool`, then gives back the memory the connection's
-    /// buffers grew to for it: sqlx keeps them, so every pooled connection that once read a
-    /// large result would hold tens of megabytes for good, outside any budget.
-    pub async fn read<T>(
-        &self,
-        pool: &PgPool,
-        read: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
-    ) -> Result<T, sqlx::Error> {
-        records::with_buffers_given_back(pool, read).await
+    /// `status` with `body` as JSON, serialised on a blocking thread that holds the share (a
+    /// request cut short meanwhile does not give back memory still in use); then only the
+    /// body's own size of it is kept, until the body has been sent or dropped with its
+    /// connection.
+    pub async fn json<B: Serialize + Send + 'static>(
+        self,
+        status: StatusCode,
+        body: B,
+    ) -> Response {
+        let permit = self.permit;
+        let serialised =
+            tokio::task::spawn_blocking(move || (serde_json::to_vec(&body), permit)).await;
+        match serialised {
+            Ok((Ok(bytes), permit)) => {
+                let permit = permit.map(|p| keep_for(p, bytes.len()));
+                holding(crate::routes::json_response(status, bytes), permit)
+            }
+            Ok((Err(e), _)) => Problem::internal(&e).into_response(),
+            Err(e) => Problem::internal(&e).into_response(),
+        }
     }
 
-    /// `response` with the share held by its body until the body has been sent (or dropped
-    /// with its connection): the memory is in use until then.
-    pub fn holding(self, response: Response) -> Response {
-        holding(response, self.permit)
+    /// `text` as `content_type`, holding the share its size needs until it has been sent.
+    pub fn text(self, text: String, content_type: &'static str) -> Response {
+        let permit = self.permit.map(|p| keep_for(p, text.len()));
+        let mut response = text.into_response();
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static(content_type),
+        );
+        holding(response, permit)
     }
+}
+
+/// `permit` cut down to what a body of `len` bytes holds (whole MiB, at least 1).
+fn keep_for(mut permit: OwnedSemaphorePermit, len: usize) -> OwnedSemaphorePermit {
+    let keep = u64::try_from(len).unwrap_or(u64::MAX).div_ceil(MIB).max(1);
+    let keep = usize::try_from(keep).unwrap_or(usize::MAX);
+    let held = permit.num_permits();
+    if held > keep {
+        drop(permit.split(held - keep));
+    }
+    permit
 }
 
 /// `response` with `permit` held by its body until the body has been sent (or dropped with its
@@ -159,17 +231,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_weighing_statements_use_the_threshold() {
-        for sql in [
-            crate::routes::analyses::WEIGH_ANALYSIS_SQL,
-            crate::routes::specviews::WEIGH_SPECVIEW_SQL,
-            crate::routes::specviews::WEIGH_MARKDOWN_SQL,
-        ] {
-            assert!(
-                sql.contains(&format!("> {UNWEIGHED_STORED_BYTES} ")),
-                "{sql}"
-            );
-        }
+    fn the_weighed_columns_use_the_thresholds() {
+        use crate::routes::{
+            ANALYSIS_COLUMNS_WEIGHED, MARKDOWN_COLUMNS_WEIGHED, SPECVIEW_COLUMNS_WEIGHED,
+        };
+        let json = format!("pg_column_size(result), 0) <= {UNWEIGHED_STORED_JSON_BYTES}");
+        let text = format!("octet_length(markdown), 0) <= {UNWEIGHED_TEXT_BYTES}");
+        assert!(ANALYSIS_COLUMNS_WEIGHED.contains(&json));
+        assert!(SPECVIEW_COLUMNS_WEIGHED.contains(&json));
+        assert!(SPECVIEW_COLUMNS_WEIGHED.contains(&text));
+        assert!(MARKDOWN_COLUMNS_WEIGHED.contains(&text));
+    }
+
+    #[tokio::test]
+    async fn a_body_keeps_only_the_share_its_size_needs() {
+        let reads = LargeReads::new(8 * MIB);
+        let permit = Arc::clone(&reads.permits)
+            .acquire_many_owned(reads.share(2 * MIB))
+            .await
+            .unwrap();
+        assert_eq!(reads.available(), 2);
+        let admitted = Admitted {
+            permit: Some(permit),
+        };
+        let response = admitted.text("x".repeat(1_500_000), "text/plain");
+        assert_eq!(reads.available(), 6, "2 MiB kept for a body of 1.5 MB");
+        drop(response);
+        assert_eq!(reads.available(), 8);
     }
 
     #[test]

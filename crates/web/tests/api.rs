@@ -1389,6 +1389,24 @@ async fn specviews_need_a_completed_analysis_and_serve_markdown() {
     );
     assert_eq!(md.header("vary"), Some("accept"));
     assert_eq!(md.text(), "# Spec");
+    // Large values are weighed, then read whole (docs/web.md, Large results): a Markdown of
+    // over 1 MiB, a result stored in over 16 KiB.
+    sqlx::query(
+        "UPDATE specviews SET markdown = repeat('m', 2000000), \
+                result = (SELECT jsonb_object_agg(md5(i::text), md5((i * 7)::text)) \
+                          FROM generate_series(1, 5000) i) \
+         WHERE id = $1::uuid",
+    )
+    .bind(&specview)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let md = s.http.send(Method::GET, &path, &md_headers, None).await;
+    assert_eq!(md.status, 200);
+    assert_eq!(md.text().len(), 2_000_000);
+    let whole = s.http.get(&path, &key).await.json();
+    assert_eq!(whole["markdown"].as_str().map(str::len), Some(2_000_000));
+    assert_eq!(whole["result"].as_object().map(|r| r.len()), Some(5000));
     s.http.get(&path, &other).await.problem(404, "not_found");
     let other_auth = format!("Bearer {other}");
     s.http

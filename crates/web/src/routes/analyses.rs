@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::{ANALYSIS_COLUMNS, AnalysisView, JobSummary, is_object_id};
+use super::{ANALYSIS_COLUMNS, ANALYSIS_COLUMNS_WEIGHED, AnalysisView, JobSummary, is_object_id};
 use crate::auth::AuthUser;
 use crate::enqueue::{EnqueueRequest, Enqueued, NewRecord, enqueue};
 use crate::extract::{ApiJson, IdPath};
@@ -234,38 +234,27 @@ pub async fn get(
         .ok_or_else(not_found)
 }
 
-/// The text bytes of the analysis's result when it is large enough to weigh
-/// ([`crate::large_reads::LargeReads::admit`]), else 0.
-pub const WEIGH_ANALYSIS_SQL: &str = "SELECT CASE WHEN state = 'completed' \
-     AND pg_column_size(result) > 262144 THEN octet_length(result::text) ELSE 0 END::bigint \
-     FROM analyses WHERE id = $1 AND user_id = $2";
-
 /// The analysis `id` of `user` as a `200` answer, if there is one; a large result waits for its
-/// share of the memory for large reads, held until the answer is sent.
+/// share of the memory for large reads ([`crate::large_reads`]), held until the answer is sent.
 async fn read_analysis(
     state: &AppState,
     id: Uuid,
     user: Uuid,
 ) -> Result<Option<Response>, sqlx::Error> {
-    let admitted = state
+    let read: Option<(AnalysisView, _)> = state
         .large_reads
-        .admit(&state.pool, WEIGH_ANALYSIS_SQL, id, user)
+        .read_record(
+            &state.pool,
+            "analyses",
+            (ANALYSIS_COLUMNS, ANALYSIS_COLUMNS_WEIGHED),
+            id,
+            user,
+        )
         .await?;
-    let sql = format!("SELECT {ANALYSIS_COLUMNS} FROM analyses WHERE id = $1 AND user_id = $2");
-    let view: Option<AnalysisView> = admitted
-        .read(&state.pool, async |conn| {
-            sqlx::query_as(sqlx::AssertSqlSafe(sql))
-                .bind(id)
-                .bind(user)
-                .fetch_optional(conn)
-                .await
-        })
-        .await?;
-    let Some(view) = view else {
+    let Some((view, admitted)) = read else {
         return Ok(None);
     };
-    let response = super::json_off_runtime(StatusCode::OK, view).await;
-    Ok(Some(admitted.holding(response)))
+    Ok(Some(admitted.json(StatusCode::OK, view).await))
 }
 
 #[cfg(test)]

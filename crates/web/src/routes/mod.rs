@@ -16,8 +16,6 @@ use serde::Serialize;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use crate::problem::Problem;
-
 /// A job's state (SPEC §3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -157,8 +155,9 @@ impl From<&JobRow> for JobView {
 ///
 /// Reading it only takes the text; checking that it is JSON (it is: PostgreSQL wrote it from a
 /// `jsonb`) and copying it into a response happen when it is serialised, which
-/// [`json_off_runtime`] does on a blocking thread: for a result of 100 MB that is a fraction of a
-/// second of CPU that would otherwise stall every request sharing the runtime's thread.
+/// [`crate::large_reads::Admitted::json`] does on a blocking thread: for a result of 100 MB that
+/// is a fraction of a second of CPU that would otherwise stall every request sharing the
+/// runtime's thread.
 #[derive(Debug, Clone)]
 pub struct StoredJson(String);
 
@@ -188,25 +187,17 @@ impl<'r> sqlx::Decode<'r, sqlx::Postgres> for StoredJson {
     }
 }
 
-/// `status` with `body` as JSON, serialised on a blocking thread: for bodies that hold a
-/// [`StoredJson`], whose size the caller does not bound.
-pub async fn json_off_runtime<T: Serialize + Send + 'static>(
-    status: StatusCode,
-    body: T,
-) -> Response {
-    match tokio::task::spawn_blocking(move || serde_json::to_vec(&body)).await {
-        Ok(Ok(bytes)) => (
-            status,
-            [(
-                http::header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            )],
-            bytes,
-        )
-            .into_response(),
-        Ok(Err(e)) => Problem::internal(&e).into_response(),
-        Err(e) => Problem::internal(&e).into_response(),
-    }
+/// `status` with `bytes` as its `application/json` body.
+pub fn json_response(status: StatusCode, bytes: Vec<u8>) -> Response {
+    (
+        status,
+        [(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        bytes,
+    )
+        .into_response()
 }
 
 /// An analysis record.
@@ -249,17 +240,67 @@ impl From<String> for WorkState {
 /// job's final transaction, when it is also billed). `cached` means the record was filled from
 /// the cache without a job of its own; a job that found its commit already analysed by someone
 /// else stores a copy too (`cached_from`), but it ran and was billed.
-pub const ANALYSIS_COLUMNS: &str = "id, repository, requested_ref, commit, state::text AS state, \
-     job_id, cached_from IS NOT NULL AND job_id IS NULL AS cached, \
-     CASE WHEN state = 'completed' AND jsonb_typeof(result) = 'object' THEN result::text END \
-     AS result, error, created_at, updated_at, completed_at";
+pub const ANALYSIS_COLUMNS: &str = concat!(
+    analysis_columns_but_result!(),
+    ", CASE WHEN ",
+    result_shown!(),
+    " THEN result::text END AS result"
+);
+
+/// The columns of [`AnalysisView`] but `result`.
+macro_rules! analysis_columns_but_result {
+    () => {
+        "id, repository, requested_ref, commit, state::text AS state, job_id, \
+         cached_from IS NOT NULL AND job_id IS NULL AS cached, error, created_at, updated_at, \
+         completed_at"
+    };
+}
+use analysis_columns_but_result;
+
+/// When a record's `result` is shown: once `completed`, and if it is a JSON object.
+macro_rules! result_shown {
+    () => {
+        "state = 'completed' AND jsonb_typeof(result) = 'object'"
+    };
+}
+use result_shown;
+
+/// When a `result` is read with its row, unweighed: stored in at most
+/// [`crate::large_reads::UNWEIGHED_STORED_JSON_BYTES`] (compressed).
+macro_rules! small_result {
+    () => {
+        "coalesce(pg_column_size(result), 0) <= 16384"
+    };
+}
+
+/// When a `markdown` is read with its row, unweighed: at most
+/// [`crate::large_reads::UNWEIGHED_TEXT_BYTES`].
+macro_rules! small_markdown {
+    () => {
+        "coalesce(octet_length(markdown), 0) <= 1048576"
+    };
+}
+
+/// [`ANALYSIS_COLUMNS`] for a [`crate::large_reads::Weighed`] read: a large result is left
+/// out, its size as text in `large_text_bytes`.
+pub const ANALYSIS_COLUMNS_WEIGHED: &str = concat!(
+    analysis_columns_but_result!(),
+    ", CASE WHEN ",
+    result_shown!(),
+    " AND ",
+    small_result!(),
+    " THEN result::text END AS result, CASE WHEN ",
+    result_shown!(),
+    " AND NOT (",
+    small_result!(),
+    ") THEN octet_length(result::text)::bigint END AS large_text_bytes"
+);
 
 /// [`ANALYSIS_COLUMNS`] with no result (`NULL`): for the enqueue batch's cache hits, whose
 /// inventories (megabytes for a large repository) are read after the commit, on the request's
 /// own task, not decoded on the batch thread while the batch holds its users' locks.
-pub const ANALYSIS_COLUMNS_WITHOUT_RESULT: &str = "id, repository, requested_ref, commit, \
-     state::text AS state, job_id, cached_from IS NOT NULL AND job_id IS NULL AS cached, \
-     NULL::text AS result, error, created_at, updated_at, completed_at";
+pub const ANALYSIS_COLUMNS_WITHOUT_RESULT: &str =
+    concat!(analysis_columns_but_result!(), ", NULL::text AS result");
 
 /// A specview record.
 #[derive(Debug, Clone, Serialize, ToSchema, sqlx::FromRow)]
@@ -281,11 +322,64 @@ pub struct SpecviewView {
 }
 
 /// The columns of [`SpecviewView`]; like analyses, results are shown once `completed`.
-pub const SPECVIEW_COLUMNS: &str = "id, analysis_id, state::text AS state, job_id, \
-     CASE WHEN state = 'completed' AND jsonb_typeof(result) = 'object' THEN result::text END \
-     AS result, \
-     CASE WHEN state = 'completed' THEN markdown END AS markdown, error, \
-     created_at, updated_at, completed_at";
+pub const SPECVIEW_COLUMNS: &str = concat!(
+    specview_columns_but_values!(),
+    ", CASE WHEN ",
+    result_shown!(),
+    " THEN result::text END AS result, CASE WHEN state = 'completed' THEN markdown END AS markdown"
+);
+
+/// The columns of [`SpecviewView`] but `result` and `markdown`.
+macro_rules! specview_columns_but_values {
+    () => {
+        "id, analysis_id, state::text AS state, job_id, error, created_at, updated_at, \
+         completed_at"
+    };
+}
+use specview_columns_but_values;
+
+/// [`SPECVIEW_COLUMNS`] for a [`crate::large_reads::Weighed`] read: unless both the result
+/// and the Markdown are small, both are left out, their size as text in `large_text_bytes`.
+pub const SPECVIEW_COLUMNS_WEIGHED: &str = concat!(
+    specview_columns_but_values!(),
+    ", CASE WHEN ",
+    result_shown!(),
+    " AND ",
+    small_result!(),
+    " AND ",
+    small_markdown!(),
+    " THEN result::text END AS result, CASE WHEN state = 'completed' AND ",
+    small_result!(),
+    " AND ",
+    small_markdown!(),
+    " THEN markdown END AS markdown, CASE WHEN state = 'completed' AND NOT (",
+    small_result!(),
+    " AND ",
+    small_markdown!(),
+    ") THEN (coalesce(CASE WHEN jsonb_typeof(result) = 'object' THEN \
+     octet_length(result::text) END, 0) + coalesce(octet_length(markdown), 0))::bigint END \
+     AS large_text_bytes"
+);
+
+/// A specview's Markdown alone: its state, and the Markdown once `completed`.
+#[derive(Debug, sqlx::FromRow)]
+pub struct MarkdownRow {
+    pub state: String,
+    pub markdown: Option<String>,
+}
+
+/// The columns of [`MarkdownRow`].
+pub const MARKDOWN_COLUMNS: &str =
+    "state::text AS state, CASE WHEN state = 'completed' THEN markdown END AS markdown";
+
+/// [`MARKDOWN_COLUMNS`] for a [`crate::large_reads::Weighed`] read.
+pub const MARKDOWN_COLUMNS_WEIGHED: &str = concat!(
+    "state::text AS state, CASE WHEN state = 'completed' AND ",
+    small_markdown!(),
+    " THEN markdown END AS markdown, CASE WHEN state = 'completed' AND NOT (",
+    small_markdown!(),
+    ") THEN octet_length(markdown)::bigint END AS large_text_bytes"
+);
 
 /// `202 Accepted` with `body` and a `Location` header naming the enqueued job's URL.
 pub fn accepted_job(body: impl Serialize, job_id: i64) -> Response {

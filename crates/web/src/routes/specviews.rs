@@ -9,7 +9,10 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::{JobSummary, SPECVIEW_COLUMNS, SpecviewView};
+use super::{
+    JobSummary, MARKDOWN_COLUMNS, MARKDOWN_COLUMNS_WEIGHED, MarkdownRow, SPECVIEW_COLUMNS,
+    SPECVIEW_COLUMNS_WEIGHED, SpecviewView,
+};
 use crate::auth::AuthUser;
 use crate::enqueue::{EnqueueRequest, Enqueued, NewRecord, enqueue};
 use crate::extract::{ApiJson, IdPath};
@@ -199,67 +202,40 @@ async fn representation(
         return Err(not_found());
     };
     if wants_markdown(headers) {
-        let admitted = state
-            .large_reads
-            .admit(&state.pool, WEIGH_MARKDOWN_SQL, specview_id, user.user_id)
-            .await?;
         // The Markdown alone: the structured result beside it can be as large again (up to
         // 64 MiB together), and would be read and dropped.
-        let row: Option<(String, Option<String>)> = admitted
-            .read(&state.pool, async |conn| {
-                sqlx::query_as(
-                    "SELECT state::text, CASE WHEN state = 'completed' THEN markdown END \
-                     FROM specviews WHERE id = $1 AND user_id = $2",
-                )
-                .bind(specview_id)
-                .bind(user.user_id)
-                .fetch_optional(conn)
-                .await
-            })
+        let read: Option<(MarkdownRow, _)> = state
+            .large_reads
+            .read_record(
+                &state.pool,
+                "specviews",
+                (MARKDOWN_COLUMNS, MARKDOWN_COLUMNS_WEIGHED),
+                specview_id,
+                user.user_id,
+            )
             .await?;
-        let (work_state, markdown) = row.ok_or_else(not_found)?;
-        let Some(markdown) = markdown else {
+        let (row, admitted) = read.ok_or_else(not_found)?;
+        let Some(markdown) = row.markdown else {
             return Err(Problem::conflict(format!(
-                "specview `{id}` has no Markdown yet (it is {work_state})"
+                "specview `{id}` has no Markdown yet (it is {})",
+                row.state
             )));
         };
-        let mut response = markdown.into_response();
-        response.headers_mut().insert(
-            http::header::CONTENT_TYPE,
-            HeaderValue::from_static("text/markdown; charset=utf-8"),
-        );
-        return Ok(admitted.holding(response));
+        return Ok(admitted.text(markdown, "text/markdown; charset=utf-8"));
     }
-    let admitted = state
+    let read: Option<(SpecviewView, _)> = state
         .large_reads
-        .admit(&state.pool, WEIGH_SPECVIEW_SQL, specview_id, user.user_id)
+        .read_record(
+            &state.pool,
+            "specviews",
+            (SPECVIEW_COLUMNS, SPECVIEW_COLUMNS_WEIGHED),
+            specview_id,
+            user.user_id,
+        )
         .await?;
-    let sql = format!("SELECT {SPECVIEW_COLUMNS} FROM specviews WHERE id = $1 AND user_id = $2");
-    let row: Option<SpecviewView> = admitted
-        .read(&state.pool, async |conn| {
-            sqlx::query_as(sqlx::AssertSqlSafe(sql))
-                .bind(specview_id)
-                .bind(user.user_id)
-                .fetch_optional(conn)
-                .await
-        })
-        .await?;
-    let view = row.ok_or_else(not_found)?;
-    let response = super::json_off_runtime(http::StatusCode::OK, view).await;
-    Ok(admitted.holding(response))
+    let (view, admitted) = read.ok_or_else(not_found)?;
+    Ok(admitted.json(http::StatusCode::OK, view).await)
 }
-
-/// The text bytes of the specview's result and Markdown when they are large enough to weigh
-/// ([`crate::large_reads::LargeReads::admit`]), else 0.
-pub const WEIGH_SPECVIEW_SQL: &str = "SELECT CASE WHEN state = 'completed' \
-     AND coalesce(pg_column_size(result), 0) + coalesce(pg_column_size(markdown), 0) > 262144 \
-     THEN coalesce(octet_length(result::text), 0) + coalesce(octet_length(markdown), 0) \
-     ELSE 0 END::bigint FROM specviews WHERE id = $1 AND user_id = $2";
-
-/// [`WEIGH_SPECVIEW_SQL`] for the Markdown alone.
-pub const WEIGH_MARKDOWN_SQL: &str = "SELECT CASE WHEN state = 'completed' \
-     AND pg_column_size(markdown) > 262144 THEN octet_length(markdown) ELSE 0 END::bigint \
-     FROM specviews WHERE id = $1 AND user_id = $2";
 
 #[cfg(test)]
 mod tests {
