@@ -14,13 +14,18 @@ use serde_json::Value;
 use support::{analysis_body, hold_user_row, spawn_web, spawn_web_under, user_with_key};
 use testkit::TestDb;
 
-fn web(db: &TestDb, args: &[&str]) -> (bool, Value, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_web"))
+/// The `web` binary run with `args` against `database_url`, logging warnings only.
+fn web_command(database_url: &str, args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_web"));
+    command
         .args(args)
-        .env("DATABASE_URL", db.url())
-        .env("RUST_LOG", "warn")
-        .output()
-        .unwrap();
+        .env("DATABASE_URL", database_url)
+        .env("RUST_LOG", "warn");
+    command
+}
+
+fn web(db: &TestDb, args: &[&str]) -> (bool, Value, String) {
+    let out = web_command(&db.url(), args).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let json = serde_json::from_str(&stdout).unwrap_or(Value::Null);
     (
@@ -217,16 +222,14 @@ async fn an_admin_command_says_why_the_database_is_out_of_reach() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = closed.local_addr().unwrap().port();
     drop(closed);
+    let unreachable = format!("postgres://postgres@127.0.0.1:{port}/postgres");
     let started = std::time::Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_web"))
-        .args(["admin", "create-user", "--name", "Ada", "--tier", "pro"])
-        .env(
-            "DATABASE_URL",
-            format!("postgres://postgres@127.0.0.1:{port}/postgres"),
-        )
-        .env("RUST_LOG", "warn")
-        .output()
-        .unwrap();
+    let out = web_command(
+        &unreachable,
+        &["admin", "create-user", "--name", "Ada", "--tier", "pro"],
+    )
+    .output()
+    .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
@@ -241,22 +244,13 @@ async fn an_admin_command_says_why_the_database_is_out_of_reach() {
         started.elapsed()
     );
     // A bad argument is told first, not the database out of reach.
-    let out = Command::new(env!("CARGO_BIN_EXE_web"))
-        .args([
-            "admin",
-            "set-tier",
-            "--user",
-            &uuid::Uuid::nil().to_string(),
-            "--tier",
-            "gold",
-        ])
-        .env(
-            "DATABASE_URL",
-            format!("postgres://postgres@127.0.0.1:{port}/postgres"),
-        )
-        .env("RUST_LOG", "warn")
-        .output()
-        .unwrap();
+    let nobody = uuid::Uuid::nil().to_string();
+    let out = web_command(
+        &unreachable,
+        &["admin", "set-tier", "--user", &nobody, "--tier", "gold"],
+    )
+    .output()
+    .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("unknown tier `gold`"), "{stderr}");
@@ -270,10 +264,7 @@ async fn an_admin_command_that_cannot_print_says_what_it_changed() {
     let (ok, _, err) = web(&db, &["migrate"]);
     assert!(ok, "{err}");
     let to_full_disk = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_web"))
-            .args(args)
-            .env("DATABASE_URL", db.url())
-            .env("RUST_LOG", "warn")
+        let out = web_command(&db.url(), args)
             .stdout(
                 std::fs::File::options()
                     .write(true)
@@ -325,13 +316,13 @@ async fn a_variable_that_is_not_utf8_is_ignored_unless_it_is_a_setting() {
     let (ok, _, err) = web(&db, &["migrate"]);
     assert!(ok, "{err}");
     let not_utf8 = std::ffi::OsStr::from_bytes(b"caf\xe9");
-    let out = Command::new(env!("CARGO_BIN_EXE_web"))
-        .args(["admin", "create-user", "--name", "Ada", "--tier", "free"])
-        .env("DATABASE_URL", db.url())
-        .env("RUST_LOG", "warn")
-        .env("LEGACY_LOCALE_NAME", not_utf8)
-        .output()
-        .unwrap();
+    let out = web_command(
+        &db.url(),
+        &["admin", "create-user", "--name", "Ada", "--tier", "free"],
+    )
+    .env("LEGACY_LOCALE_NAME", not_utf8)
+    .output()
+    .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{:?}: {stderr}", out.status);
     let user: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -341,13 +332,13 @@ async fn a_variable_that_is_not_utf8_is_ignored_unless_it_is_a_setting() {
         .fetch_one(&db.pool)
         .await
         .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_web"))
-        .args(["admin", "create-user", "--name", "Bob", "--tier", "free"])
-        .env("DATABASE_URL", db.url())
-        .env("RUST_LOG", "warn")
-        .env("HTTP_REQUEST_TIMEOUT", not_utf8)
-        .output()
-        .unwrap();
+    let out = web_command(
+        &db.url(),
+        &["admin", "create-user", "--name", "Bob", "--tier", "free"],
+    )
+    .env("HTTP_REQUEST_TIMEOUT", not_utf8)
+    .output()
+    .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
