@@ -21,21 +21,42 @@ pub mod specviews;
 
 pub use hook::{RecordHook, SettleError, settle};
 
-use sqlx::{Connection as _, PgConnection, PgPool};
+use sqlx::pool::PoolConnection;
+use sqlx::{Connection as _, PgConnection, PgPool, Postgres};
 
 /// Runs `work`, which reads or writes a large value (an inventory, a specview: up to 64 MiB), on
 /// a connection of `pool`, then gives back the memory the connection's buffers grew to for it.
 /// sqlx keeps a connection's read and write buffers at the largest message they held, so every
 /// pooled connection that once carried a large value would hold that much for good: a service's
-/// pool of 20 connections could come to hold more than a gigabyte.
+/// pool of 20 connections could come to hold more than a gigabyte. If `work` is cut short (a
+/// request's timeout, a cancelled job), the connection is closed instead: sqlx would read the
+/// rest of the message and pool it with its buffers grown.
 pub async fn with_buffers_given_back<T>(
     pool: &PgPool,
     work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
 ) -> Result<T, sqlx::Error> {
-    let mut connection = pool.acquire().await?;
-    let result = work(&mut connection).await;
-    connection.shrink_buffers();
+    let mut held = ClosedUnlessFinished {
+        connection: pool.acquire().await?,
+        finished: false,
+    };
+    let result = work(&mut held.connection).await;
+    held.connection.shrink_buffers();
+    held.finished = true;
     result
+}
+
+/// A pooled connection closed when dropped, unless its work finished.
+struct ClosedUnlessFinished {
+    connection: PoolConnection<Postgres>,
+    finished: bool,
+}
+
+impl Drop for ClosedUnlessFinished {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.connection.close_on_drop();
+        }
+    }
 }
 
 /// The state of an analysis or specview record (`fairlane_work_state`).

@@ -928,3 +928,44 @@ async fn connections_that_carried_a_large_result_give_its_memory_back() {
         "{after_reads} bytes kept after the reads"
     );
 }
+
+/// Work on a large value cut short (a request's timeout, a cancelled job) closes its connection
+/// rather than pooling it: sqlx would read the rest of the message and pool the connection with
+/// its buffers grown.
+#[tokio::test]
+async fn a_large_read_cut_short_closes_its_connection() {
+    let db = TestDb::new().await;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&db.url())
+        .await
+        .unwrap();
+    let (pid_tx, pid_rx) = tokio::sync::oneshot::channel();
+    let cut = tokio::time::timeout(
+        Duration::from_millis(300),
+        records::with_buffers_given_back(&pool, async |conn| {
+            let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                .fetch_one(&mut *conn)
+                .await?;
+            let _ = pid_tx.send(pid);
+            sqlx::query("SELECT pg_sleep(30)")
+                .execute(&mut *conn)
+                .await?;
+            Ok(())
+        }),
+    )
+    .await;
+    assert!(cut.is_err(), "the work was not cut short");
+    let first = pid_rx.await.unwrap();
+    let started = std::time::Instant::now();
+    let next: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_ne!(next, first, "the cut connection went back to the pool");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+}
