@@ -335,6 +335,7 @@ impl Server {
 
     /// [`Server::bind`] with an existing pool.
     pub async fn bind_with_pool(config: &WebConfig, pool: PgPool) -> anyhow::Result<Server> {
+        sweep_stale_scratch().await;
         let batch_thread = batch::BatchThread::start("fairlane-batches")
             .context("starting the batch collectors' thread")?;
         let state = build_state(config, pool.clone(), &batch_thread)?;
@@ -389,6 +390,29 @@ impl Server {
             tracing::warn!(bound = ?POOL_CLOSE_BOUND, "the database pool did not close in time");
         }
         Ok(())
+    }
+}
+
+/// Removes the `git ls-remote` scratch folders of web processes that no longer run (killed
+/// mid-request: `kill -9`, out of memory). A pod's temporary folder outlives its container, so
+/// without this they would pile up across restarts until the folder's size limit is reached.
+async fn sweep_stale_scratch() {
+    let root = inventory::Limits::default().work_root;
+    let shown = root.display().to_string();
+    match tokio::task::spawn_blocking(move || inventory::sweep_stale(&root)).await {
+        Ok(Ok(report)) if !report.removed.is_empty() => tracing::info!(
+            removed = report.removed.len(),
+            kept = report.kept.len(),
+            work_dir = %shown,
+            "removed scratch folders of web processes that no longer run"
+        ),
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::warn!(
+            error = %e,
+            work_dir = %shown,
+            "could not sweep stale scratch folders"
+        ),
+        Err(e) => tracing::warn!(error = %e, "the scratch folder sweep did not finish"),
     }
 }
 

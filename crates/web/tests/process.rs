@@ -578,6 +578,30 @@ async fn idle_clients_cannot_take_the_descriptors_the_database_needs() {
     drop(child);
 }
 
+/// A `git ls-remote` scratch folder left by a web process that no longer runs (killed mid-
+/// request) is removed when web starts; one of a live process is kept. The pod's temporary
+/// folder outlives the container, so they piled up across restarts.
+#[tokio::test]
+async fn scratch_folders_of_dead_web_processes_are_swept_at_start() {
+    let db = TestDb::new().await;
+    let tmp = testkit::git_fixture::TempDir::new("web-scratch");
+    let root = tmp.path().join("fairlane-inventory");
+    let mut gone = Command::new("true").spawn().unwrap();
+    let dead_pid = gone.id();
+    gone.wait().unwrap();
+    let dead = root.join(format!("fairlane-inv-{dead_pid}-0-1x0"));
+    let own_pid = std::process::id();
+    let own_start = inventory::fetch::process_start_time(i32::try_from(own_pid).unwrap());
+    let live = root.join(format!("fairlane-inv-{own_pid}-{own_start}-1x0"));
+    for dir in [&dead, &live] {
+        std::fs::create_dir_all(dir.join("home")).unwrap();
+    }
+    let (child, _http) = spawn_web(&db, &[("TMPDIR", tmp.path().display().to_string())]).await;
+    assert!(!dead.exists(), "{} is still there", dead.display());
+    assert!(live.exists(), "a live process's folder was removed");
+    drop(child);
+}
+
 /// The process's peak resident memory so far (`VmHWM`), in bytes.
 fn peak_resident_bytes(pid: nix::unistd::Pid) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
