@@ -437,17 +437,20 @@ async fn persist_batch(
         );
     }
     if !failed.ids.is_empty() {
-        let sql = "UPDATE fairlane_job j SET \
+        let sql = concat!(
+            "UPDATE fairlane_job j SET \
                  state = CASE WHEN (j.metadata ->> 'cancel_attempted_at') IS NOT NULL THEN 'cancelled' ELSE u.state END::fairlane_job_state, \
                  scheduled_at = CASE WHEN u.state = 'retryable' AND NOT (j.metadata ->> 'cancel_attempted_at') IS NOT NULL \
                                      THEN now() + u.delay * interval '1 second' ELSE j.scheduled_at END, \
-                 finalized_at = CASE WHEN u.state = 'discarded' OR (j.metadata ->> 'cancel_attempted_at') IS NOT NULL THEN now() END, \
-                 errors = j.errors || jsonb_build_array(jsonb_build_object( \
+                 finalized_at = CASE WHEN u.state = 'discarded' OR (j.metadata ->> 'cancel_attempted_at') IS NOT NULL THEN now() END, ",
+            errors_appended!(),
+            "jsonb_build_object( \
                      'attempt', u.attempt, 'at', now(), 'kind', u.kind, 'error', u.message, \
                      'worker', j.attempted_by[cardinality(j.attempted_by)])) \
              FROM unnest($1::int8[], $2::int2[], $3::text[], $4::float8[], $5::text[], $6::text[], $7::timestamptz[]) \
                   AS u(id, attempt, state, delay, kind, message, attempted_at) \
-             WHERE j.id = u.id AND j.state = 'running' AND j.attempt = u.attempt AND j.attempted_at = u.attempted_at RETURNING j.id, j.queue, j.kind, j.user_id, j.state";
+             WHERE j.id = u.id AND j.state = 'running' AND j.attempt = u.attempt AND j.attempted_at = u.attempted_at RETURNING j.id, j.queue, j.kind, j.user_id, j.state"
+        );
         transitions.extend(
             sqlx::query_as::<_, Transition>(sql)
                 .bind(&failed.ids)
@@ -499,16 +502,19 @@ async fn persist_batch(
     }
     if !interrupted.ids.is_empty() {
         // Handed back: runnable at once elsewhere, and the attempt does not count.
-        let sql = "UPDATE fairlane_job j SET \
+        let sql = concat!(
+            "UPDATE fairlane_job j SET \
                  state = CASE WHEN (j.metadata ->> 'cancel_attempted_at') IS NOT NULL THEN 'cancelled' ELSE 'available' END::fairlane_job_state, \
                  finalized_at = CASE WHEN (j.metadata ->> 'cancel_attempted_at') IS NOT NULL THEN now() END, \
                  scheduled_at = now(), \
-                 attempt = j.attempt - 1, \
-                 errors = j.errors || jsonb_build_array(jsonb_build_object( \
+                 attempt = j.attempt - 1, ",
+            errors_appended!(),
+            "jsonb_build_object( \
                      'attempt', u.attempt, 'at', now(), 'kind', u.kind, 'error', u.message, \
                      'worker', j.attempted_by[cardinality(j.attempted_by)])) \
              FROM unnest($1::int8[], $2::int2[], $3::text[], $4::text[], $5::timestamptz[]) AS u(id, attempt, kind, message, attempted_at) \
-             WHERE j.id = u.id AND j.state = 'running' AND j.attempt = u.attempt AND j.attempted_at = u.attempted_at RETURNING j.id, j.queue, j.kind, j.user_id, j.state";
+             WHERE j.id = u.id AND j.state = 'running' AND j.attempt = u.attempt AND j.attempted_at = u.attempted_at RETURNING j.id, j.queue, j.kind, j.user_id, j.state"
+        );
         transitions.extend(
             sqlx::query_as::<_, Transition>(sql)
                 .bind(&interrupted.ids)
@@ -552,10 +558,23 @@ impl Columns {
         self.states.push(state.unwrap_or(""));
         self.delays.push(delay);
         self.kinds.push(kind);
-        // PostgreSQL's text cannot hold NUL; a message with one would be refused whole.
-        self.messages.push(message.replace('\0', "\u{fffd}"));
+        self.messages.push(stored_message(message));
         self.started.push(c.job.job().attempted_at);
     }
+}
+
+/// `message` as stored: NUL (which PostgreSQL's text cannot hold, refusing the whole message)
+/// replaced, and cut at a character boundary after [`crate::MAX_ERROR_MESSAGE_BYTES`].
+fn stored_message(message: &str) -> String {
+    let mut end = message.len().min(crate::MAX_ERROR_MESSAGE_BYTES);
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    let mut stored = message[..end].replace('\0', "\u{fffd}");
+    if end < message.len() {
+        stored.push('…');
+    }
+    stored
 }
 
 fn failure_label(kind: FailureKind) -> &'static str {
@@ -575,6 +594,29 @@ mod tests {
     use super::*;
     use crate::plan_nodes::{analyzed_db, assert_looks_jobs_up_by};
     use serde_json::Value;
+
+    #[test]
+    fn messages_are_stored_without_nul_and_cut_at_a_character() {
+        assert_eq!(stored_message("a\0b"), "a\u{fffd}b");
+        let short = "x".repeat(crate::MAX_ERROR_MESSAGE_BYTES);
+        assert_eq!(stored_message(&short), short);
+        // Two-byte characters straddling the limit: cut before the one that does not fit.
+        let long = format!("a{}", "é".repeat(crate::MAX_ERROR_MESSAGE_BYTES));
+        let stored = stored_message(&long);
+        assert!(stored.ends_with('…'));
+        assert_eq!(
+            stored.trim_end_matches('…').len(),
+            crate::MAX_ERROR_MESSAGE_BYTES - 1
+        );
+    }
+
+    #[test]
+    fn the_errors_kept_are_the_constant() {
+        assert!(errors_appended!().contains(&format!(
+            "jsonb_array_length(j.errors) >= {} ",
+            crate::MAX_ATTEMPT_ERRORS
+        )));
+    }
 
     /// On an analysed table of 20,000 jobs, 2,000 of them running, a batch completing 1,000 of
     /// them looks each up by primary key, even in the statement's first execution on a

@@ -277,8 +277,9 @@ const HAND_BACK_ORPHANS_SQL: &str = concat!(
          state = CASE WHEN (j.metadata ->> 'cancel_attempted_at') IS NOT NULL THEN 'cancelled' \
                       ELSE 'available' END::fairlane_job_state, \
          finalized_at = CASE WHEN (j.metadata ->> 'cancel_attempted_at') IS NOT NULL THEN now() END, \
-         attempt = greatest(j.attempt - 1, 0), scheduled_at = now(), \
-         errors = j.errors || jsonb_build_array(jsonb_build_object( \
+         attempt = greatest(j.attempt - 1, 0), scheduled_at = now(), ",
+    errors_appended!(),
+    "jsonb_build_object( \
              'attempt', j.attempt, 'at', now(), 'kind', 'interrupted', \
              'error', 'fetched but never started (the fetch reply was lost)', 'worker', $1)) \
      WHERE ",
@@ -297,7 +298,9 @@ const HAND_BACK_UNSAVED_SQL: &str = concat!(
     " FOR UPDATE OF j) \
      UPDATE fairlane_job j SET ",
     end_used_attempt!(),
-    ", errors = j.errors || jsonb_build_array(jsonb_build_object( \
+    ", ",
+    errors_appended!(),
+    "jsonb_build_object( \
          'attempt', j.attempt, 'at', now(), 'kind', 'error', \
          'error', 'the worker could not save the end of this attempt; handed back with the attempt used', \
          'worker', $1)) \

@@ -26,6 +26,26 @@ macro_rules! new_job_state_sql {
     };
 }
 
+/// The most attempt errors a job keeps (the newest).
+pub const MAX_ATTEMPT_ERRORS: usize = 50;
+
+/// The most bytes of an attempt error's message that are stored (then `…`): a handler's error
+/// chain or panic text can be any length, and a job carries its errors through every fetch and
+/// `GET /v1/jobs`.
+pub const MAX_ERROR_MESSAGE_BYTES: usize = 2048;
+
+/// The start of `j.errors` with one more entry: this, then the entry's `jsonb_build_object(…)`
+/// and a closing `)`. The oldest entry is dropped once the list holds [`MAX_ATTEMPT_ERRORS`].
+/// Runs handed back (interrupted, never started, snoozed) give their attempt back, so without a
+/// cap a long job interrupted at every deploy would carry an ever longer list through every
+/// fetch and `GET /v1/jobs`.
+macro_rules! errors_appended {
+    () => {
+        "errors = CASE WHEN jsonb_array_length(j.errors) >= 50 THEN j.errors - 0 \
+         ELSE j.errors END || jsonb_build_array("
+    };
+}
+
 pub mod backoff;
 pub mod begin;
 pub mod client;

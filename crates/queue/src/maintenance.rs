@@ -316,7 +316,9 @@ const RESCUE_SQL: &str = concat!(
          FOR UPDATE OF j SKIP LOCKED) \
      UPDATE fairlane_job j SET ",
     end_used_attempt!(),
-    ", errors = j.errors || jsonb_build_array(jsonb_build_object( \
+    ", ",
+    errors_appended!(),
+    "jsonb_build_object( \
              'attempt', j.attempt, 'at', now(), 'kind', 'rescued', \
              'error', 'the worker running it stopped heartbeating; job rescued', \
              'worker', j.attempted_by[cardinality(j.attempted_by)])) \

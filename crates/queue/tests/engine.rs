@@ -1964,3 +1964,48 @@ async fn a_queue_whose_slots_are_all_busy_waits_without_spinning() {
         "{used:?} of CPU in 3 s with the only slot busy"
     );
 }
+
+/// A job keeps its newest `MAX_ATTEMPT_ERRORS` errors, each message cut at
+/// `MAX_ERROR_MESSAGE_BYTES`: runs handed back give their attempt back, so a job interrupted at
+/// every deploy grew its list without end, and a handler's error could be any length; the list
+/// travels with every fetch and `GET /v1/jobs`.
+#[tokio::test]
+async fn a_job_keeps_its_newest_errors_each_cut_to_a_bounded_length() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let mut workers = Workers::new();
+    workers.register_fn::<AlwaysFail, _, _>(|_, _| async move {
+        Err(JobError::msg("e".repeat(100_000)))
+    });
+    let job = client
+        .insert(NewJob::new(q("q"), &AlwaysFail {}).unwrap().max_attempts(1))
+        .await
+        .unwrap()
+        .job;
+    // A long life of hand-backs already: the list is full.
+    sqlx::query(
+        "UPDATE fairlane_job SET errors = (SELECT jsonb_agg(jsonb_build_object( \
+             'attempt', 1, 'at', now(), 'kind', 'interrupted', 'error', 'handed back ' || i)) \
+           FROM generate_series(1, $2) i) \
+         WHERE id = $1",
+    )
+    .bind(job.id)
+    .bind(i32::try_from(queue::MAX_ATTEMPT_ERRORS).unwrap())
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let engine = start(&client, fast_config(), &[("q", 1)], workers);
+    let discarded = eventually(Duration::from_secs(20), "the job discarded", || async {
+        let j = client.job(job.id).await.unwrap().unwrap();
+        (j.state == JobState::Discarded).then_some(j)
+    })
+    .await;
+    engine.stop().await;
+    let errors = discarded.attempt_errors();
+    assert_eq!(errors.len(), queue::MAX_ATTEMPT_ERRORS);
+    assert_eq!(errors[0].error, "handed back 2", "the oldest was dropped");
+    let newest = errors.last().unwrap();
+    assert_eq!(newest.kind, FailureKind::Error);
+    assert!(newest.error.starts_with("eeee") && newest.error.ends_with('…'));
+    assert!(newest.error.len() <= queue::MAX_ERROR_MESSAGE_BYTES + '…'.len_utf8());
+}
