@@ -68,6 +68,11 @@ impl<R> TickOutcome<R> {
     }
 }
 
+/// Failed re-analyses in a row after which a repository is no longer re-analysed, until an
+/// analysis of it completes again (a user asks for it): a repository deleted or made private
+/// would otherwise cost a job, and leave a failed record, every `REANALYZE_AFTER` for ever.
+pub const GIVE_UP_AFTER_FAILURES: i64 = 3;
+
 /// The unique key of `repository`'s re-analysis job.
 pub fn unique_key(repository: &str) -> String {
     format!("{UNIQUE_KEY_PREFIX}{repository}")
@@ -79,9 +84,13 @@ pub fn unique_key(repository: &str) -> String {
 /// one repository, fresh if either spelling was analysed recently, re-analysed once under the
 /// spelling analysed last (for `file://`, every spelling is its own repository).
 ///
+/// A repository whose last [`GIVE_UP_AFTER_FAILURES`] system re-analyses since its newest
+/// completed analysis all failed is left alone.
+///
 /// Cost: one pass over the completed-analyses recency index (`analyses_repository_recency`,
-/// an index-only scan grouped by repository), then two index probes per spelling of each
-/// candidate (`analyses_system_recency`, `fairlane_job_unique_key`). It runs once per tick.
+/// an index-only scan grouped by repository), then three index probes per spelling of each
+/// candidate (`analyses_system_recency` twice, `fairlane_job_unique_key`). It runs once per
+/// tick.
 pub async fn stale_repositories(
     conn: &mut PgConnection,
     after: Duration,
@@ -114,6 +123,11 @@ pub async fn stale_repositories(
                SELECT 1 FROM fairlane_job j \
                WHERE j.unique_key IN (SELECT $4 || spelling FROM unnest(l.spellings) AS spelling) \
                  AND j.state IN ('available', 'scheduled', 'running', 'retryable')) \
+           AND (SELECT count(*) FROM ( \
+                  SELECT 1 FROM analyses f \
+                  WHERE f.user_id IS NULL AND f.repository = ANY(l.spellings) \
+                    AND f.created_at > l.completed_at AND f.state = 'failed' \
+                  LIMIT $5) failures) < $5 \
          ORDER BY l.completed_at, l.repository \
          LIMIT $2",
     )
@@ -121,6 +135,7 @@ pub async fn stale_repositories(
     .bind(i64::from(limit))
     .bind(MAX_REPOSITORY_LEN)
     .bind(UNIQUE_KEY_PREFIX)
+    .bind(GIVE_UP_AFTER_FAILURES)
     .fetch_all(&mut *conn)
     .await
 }

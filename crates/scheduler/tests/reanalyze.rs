@@ -114,6 +114,35 @@ async fn stale_repositories_are_the_stalest_first_skipping_fresh_pending_and_rec
     );
 }
 
+/// A repository whose re-analyses keep failing (deleted, made private) is given up after three
+/// in a row, instead of costing a job and a failed record every week for ever; once an analysis
+/// of it completes again (a user asks for it), it is kept fresh again.
+#[tokio::test]
+async fn a_repository_whose_reanalyses_keep_failing_is_given_up_until_it_completes_again() {
+    let db = TestDb::new().await;
+    let p = &db.pool;
+    analysis(p, "https://x.test/o/gone", false, "completed", 60).await;
+    for days in [50, 40, 30] {
+        analysis(p, "https://x.test/o/gone.git", true, "failed", days).await;
+    }
+    analysis(p, "https://x.test/o/flaky", false, "completed", 60).await;
+    for days in [50, 40] {
+        analysis(p, "https://x.test/o/flaky", true, "failed", days).await;
+    }
+    // Three failures, but before its newest completion: they do not count.
+    analysis(p, "https://x.test/o/back", false, "completed", 90).await;
+    for days in [80, 70, 60] {
+        analysis(p, "https://x.test/o/back", true, "failed", days).await;
+    }
+    analysis(p, "https://x.test/o/back", false, "completed", 20).await;
+
+    let mut conn = p.acquire().await.unwrap();
+    let stale = reanalyze::stale_repositories(&mut conn, WEEK, 10)
+        .await
+        .unwrap();
+    assert_eq!(stale, ["https://x.test/o/flaky", "https://x.test/o/back"]);
+}
+
 /// `…/o/r` and `…/o/r.git` are one repository (the cache key): fresh when either spelling was
 /// analysed lately, re-analysed once (under the spelling analysed last) when both are stale,
 /// and not again while a re-analysis of either spelling is pending. `file://` spellings stay
