@@ -216,15 +216,21 @@ async fn wait_for_replicas(db: &TestDb, n: i64) {
 }
 
 /// Waits until job `id` is running.
+/// Waits until job `id` is running past its fairness check: fetched at least 500 ms ago and still
+/// running. A job is `running` from its fetch, before the check at its start; a job of the same
+/// user fetched in between is counted by that check, and both snooze (the test's "second" job
+/// could then run first).
 async fn wait_running(db: &TestDb, id: i64, timeout: Duration) {
     testkit::eventually(timeout, &format!("job {id} to start"), || async {
-        let state: String =
-            sqlx::query_scalar("SELECT state::text FROM fairlane_job WHERE id = $1")
-                .bind(id)
-                .fetch_one(&db.pool)
-                .await
-                .expect("job state");
-        (state == "running").then_some(())
+        let admitted: bool = sqlx::query_scalar(
+            "SELECT state = 'running' AND attempted_at < now() - interval '500 milliseconds' \
+             FROM fairlane_job WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_one(&db.pool)
+        .await
+        .expect("job state");
+        admitted.then_some(())
     })
     .await;
 }
