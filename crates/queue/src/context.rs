@@ -132,9 +132,20 @@ impl JobContext {
         self.inner.control.reason()
     }
 
-    /// Records what the job produced; stored in `fairlane_job.output` when it completes.
+    /// Records what the job produced; stored in `fairlane_job.output` when it completes. An
+    /// output of more than [`crate::MAX_OUTPUT_BYTES`] as JSON is refused (the job's row, with
+    /// its output, travels with every read of the job): keep large results in a table of their
+    /// own, as the analyses and specviews do.
     pub fn set_output<T: Serialize>(&self, output: &T) -> Result<(), serde_json::Error> {
         let value = serde_json::to_value(output)?;
+        let bytes = serde_json::to_vec(&value)?.len();
+        if bytes > crate::MAX_OUTPUT_BYTES {
+            return Err(serde::ser::Error::custom(format!(
+                "the job's output is {bytes} bytes of JSON, more than the {} a job may keep; \
+                 store large results in a table of their own",
+                crate::MAX_OUTPUT_BYTES
+            )));
+        }
         *self
             .inner
             .output

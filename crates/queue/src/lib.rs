@@ -29,6 +29,9 @@ macro_rules! new_job_state_sql {
 /// The most attempt errors a job keeps (the newest).
 pub const MAX_ATTEMPT_ERRORS: usize = 50;
 
+/// The most bytes of JSON a job's output may hold ([`context::JobContext::set_output`]).
+pub const MAX_OUTPUT_BYTES: usize = 1024 * 1024;
+
 /// The most bytes of an attempt error's message that are stored (then `…`): a handler's error
 /// chain or panic text can be any length, and a job carries its errors through every fetch and
 /// `GET /v1/jobs`.

@@ -2009,3 +2009,40 @@ async fn a_job_keeps_its_newest_errors_each_cut_to_a_bounded_length() {
     assert!(newest.error.starts_with("eeee") && newest.error.ends_with('…'));
     assert!(newest.error.len() <= queue::MAX_ERROR_MESSAGE_BYTES + '…'.len_utf8());
 }
+
+/// An output of more than `MAX_OUTPUT_BYTES` of JSON is refused when the handler sets it, and a
+/// handler that passes the refusal on fails its attempt with the reason; the job keeps no output
+/// (before, any size was stored in the job's row, which travels with every read of the job).
+#[tokio::test]
+async fn an_output_too_large_to_keep_is_refused() {
+    let db = TestDb::new().await;
+    let client = Client::new(db.pool.clone());
+    let mut workers = Workers::new();
+    workers.register_fn::<AlwaysFail, _, _>(|ctx, _| async move {
+        ctx.set_output(&"x".repeat(queue::MAX_OUTPUT_BYTES))
+            .map_err(JobError::from)?;
+        Ok(())
+    });
+    let job = client
+        .insert(NewJob::new(q("q"), &AlwaysFail {}).unwrap().max_attempts(1))
+        .await
+        .unwrap()
+        .job;
+    let engine = start(&client, fast_config(), &[("q", 1)], workers);
+    let discarded = eventually(Duration::from_secs(20), "the job discarded", || async {
+        let j = client.job(job.id).await.unwrap().unwrap();
+        (j.state == JobState::Discarded).then_some(j)
+    })
+    .await;
+    engine.stop().await;
+    let errors = discarded.attempt_errors();
+    assert_eq!(errors.len(), 1);
+    assert!(
+        errors[0]
+            .error
+            .contains("more than the 1048576 a job may keep"),
+        "{}",
+        errors[0].error
+    );
+    assert_eq!(discarded.output, None);
+}
