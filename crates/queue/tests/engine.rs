@@ -77,10 +77,13 @@ async fn failures_back_off_then_discard_keeping_every_error_and_panics_do_not_ki
     config.retry.base = Duration::from_millis(100);
     config.retry.jitter = 0.0;
     let engine = start(&client, config, &[("q", 2)], workers);
-    let discarded = eventually(Duration::from_secs(20), "failing job discarded", || async {
-        let j = client.job(failing.id).await.unwrap().unwrap();
-        (j.state == JobState::Discarded).then_some(j)
-    })
+    let discarded = job_in_state(
+        &client,
+        failing.id,
+        JobState::Discarded,
+        Duration::from_secs(20),
+        "failing job discarded",
+    )
     .await;
     let errors = discarded.attempt_errors();
     assert_eq!(errors.len(), 4, "one error per attempt: {errors:?}");
@@ -100,13 +103,12 @@ async fn failures_back_off_then_discard_keeping_every_error_and_panics_do_not_ki
     );
     assert!(gaps[2] > gaps[0], "gaps {gaps:?}");
 
-    let panicked = eventually(
+    let panicked = job_in_state(
+        &client,
+        panicking.id,
+        JobState::Discarded,
         Duration::from_secs(20),
         "panicking job discarded",
-        || async {
-            let j = client.job(panicking.id).await.unwrap().unwrap();
-            (j.state == JobState::Discarded).then_some(j)
-        },
     )
     .await;
     let errors = panicked.attempt_errors();
@@ -168,13 +170,12 @@ async fn an_end_the_database_refuses_is_recorded_as_a_failure_and_stalls_nothing
     client.insert_many(noops).await.unwrap();
     let engine = start(&client, fast_config(), &[("q", 8)], workers);
 
-    let discarded = eventually(
+    let discarded = job_in_state(
+        &client,
+        unstorable.id,
+        JobState::Discarded,
         Duration::from_secs(20),
         "unstorable job discarded",
-        || async {
-            let j = client.job(unstorable.id).await.unwrap().unwrap();
-            (j.state == JobState::Discarded).then_some(j)
-        },
     )
     .await;
     let errors = discarded.attempt_errors();
@@ -189,10 +190,13 @@ async fn an_end_the_database_refuses_is_recorded_as_a_failure_and_stalls_nothing
         );
     }
     assert_eq!(discarded.output, None);
-    let failed = eventually(Duration::from_secs(20), "failing job discarded", || async {
-        let j = client.job(failing.id).await.unwrap().unwrap();
-        (j.state == JobState::Discarded).then_some(j)
-    })
+    let failed = job_in_state(
+        &client,
+        failing.id,
+        JobState::Discarded,
+        Duration::from_secs(20),
+        "failing job discarded",
+    )
     .await;
     assert_eq!(
         failed.attempt_errors()[0].error,
@@ -336,13 +340,12 @@ async fn unknown_kinds_fail_clearly_and_follow_the_retry_rules() {
         .unwrap()
         .job;
     let engine = start(&client, fast_config(), &[("q", 1)], workers);
-    let done = eventually(
+    let done = job_in_state(
+        &client,
+        job.id,
+        JobState::Discarded,
         Duration::from_secs(10),
         "unknown kind discarded",
-        || async {
-            let j = client.job(job.id).await.unwrap().unwrap();
-            (j.state == JobState::Discarded).then_some(j)
-        },
     )
     .await;
     engine.stop().await;
@@ -394,10 +397,13 @@ async fn timeouts_are_failures_and_invalid_arguments_are_reported() {
         (slow.id, FailureKind::Timeout, "timed out after 100ms"),
         (garbled.id, FailureKind::InvalidArgs, "do not decode"),
     ] {
-        let done = eventually(Duration::from_secs(10), "job discarded", || async {
-            let j = client.job(id).await.unwrap().unwrap();
-            (j.state == JobState::Discarded).then_some(j)
-        })
+        let done = job_in_state(
+            &client,
+            id,
+            JobState::Discarded,
+            Duration::from_secs(10),
+            "job discarded",
+        )
         .await;
         let e = &done.attempt_errors()[0];
         assert_eq!(e.kind, kind);
@@ -769,13 +775,12 @@ async fn an_old_run_of_a_job_fetched_again_ends_nothing() {
         during.attempt_errors()
     );
     release[1].notify_one();
-    let done = eventually(
+    let done = job_in_state(
+        &client,
+        job.id,
+        JobState::Completed,
         Duration::from_secs(10),
         "the second run completed",
-        || async {
-            let j = client.job(job.id).await.unwrap().unwrap();
-            (j.state == JobState::Completed).then_some(j)
-        },
     )
     .await;
     assert!(done.attempt_errors().is_empty());
@@ -1138,13 +1143,12 @@ async fn jobs_of_a_worker_that_stopped_heartbeating_are_rescued() {
     let mut workers = Workers::new();
     workers.register_fn::<Noop, _, _>(|_, _| async { Ok(()) });
     let engine = start(&client, fast_config(), &[("q", 1)], workers);
-    let rescued = eventually(
+    let rescued = job_in_state(
+        &client,
+        orphan.id,
+        JobState::Completed,
         Duration::from_secs(15),
         "orphan rescued and run",
-        || async {
-            let j = client.job(orphan.id).await.unwrap().unwrap();
-            (j.state == JobState::Completed).then_some(j)
-        },
     )
     .await;
     let exhausted = client.job(exhausted.id).await.unwrap().unwrap();
@@ -1419,10 +1423,13 @@ async fn a_fetch_held_up_by_a_lock_dates_its_run_from_when_it_got_through() {
         .await
         .unwrap();
     locker.commit().await.unwrap();
-    let done = eventually(Duration::from_secs(20), "the job completed", || async {
-        let j = client.job(job.id).await.unwrap().unwrap();
-        (j.state == JobState::Completed).then_some(j)
-    })
+    let done = job_in_state(
+        &client,
+        job.id,
+        JobState::Completed,
+        Duration::from_secs(20),
+        "the job completed",
+    )
     .await;
     let attempted_at = done.attempted_at.expect("a completed job was attempted");
     assert!(
@@ -1765,10 +1772,13 @@ async fn a_job_whose_every_end_a_hook_refuses_runs_out_of_attempts_instead_of_ru
         .collect();
     client.insert_many(noops).await.unwrap();
     let engine = start(&client, fast_config(), &[("q", 4)], workers);
-    let discarded = eventually(Duration::from_secs(30), "the job discarded", || async {
-        let j = client.job(job.id).await.unwrap().unwrap();
-        (j.state == JobState::Discarded).then_some(j)
-    })
+    let discarded = job_in_state(
+        &client,
+        job.id,
+        JobState::Discarded,
+        Duration::from_secs(30),
+        "the job discarded",
+    )
     .await;
     eventually(
         Duration::from_secs(10),
@@ -1895,10 +1905,13 @@ async fn attempted_by_keeps_the_newest_hundred_workers() {
     let mut workers = Workers::new();
     workers.register_fn::<Tag, _, _>(|_, _| async { Ok(()) });
     let engine = start(&client, fast_config(), &[("q", 1)], workers);
-    let done = eventually(Duration::from_secs(20), "the job completed", || async {
-        let j = client.job(job.id).await.unwrap().unwrap();
-        (j.state == JobState::Completed).then_some(j)
-    })
+    let done = job_in_state(
+        &client,
+        job.id,
+        JobState::Completed,
+        Duration::from_secs(20),
+        "the job completed",
+    )
     .await;
     let worker_id = engine.worker_id.clone();
     engine.stop().await;
@@ -1995,10 +2008,13 @@ async fn a_job_keeps_its_newest_errors_each_cut_to_a_bounded_length() {
     .await
     .unwrap();
     let engine = start(&client, fast_config(), &[("q", 1)], workers);
-    let discarded = eventually(Duration::from_secs(20), "the job discarded", || async {
-        let j = client.job(job.id).await.unwrap().unwrap();
-        (j.state == JobState::Discarded).then_some(j)
-    })
+    let discarded = job_in_state(
+        &client,
+        job.id,
+        JobState::Discarded,
+        Duration::from_secs(20),
+        "the job discarded",
+    )
     .await;
     engine.stop().await;
     let errors = discarded.attempt_errors();
@@ -2029,10 +2045,13 @@ async fn an_output_too_large_to_keep_is_refused() {
         .unwrap()
         .job;
     let engine = start(&client, fast_config(), &[("q", 1)], workers);
-    let discarded = eventually(Duration::from_secs(20), "the job discarded", || async {
-        let j = client.job(job.id).await.unwrap().unwrap();
-        (j.state == JobState::Discarded).then_some(j)
-    })
+    let discarded = job_in_state(
+        &client,
+        job.id,
+        JobState::Discarded,
+        Duration::from_secs(20),
+        "the job discarded",
+    )
     .await;
     engine.stop().await;
     let errors = discarded.attempt_errors();

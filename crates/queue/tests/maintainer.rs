@@ -134,10 +134,13 @@ async fn a_maintainer_promotes_rescues_with_the_clients_hooks_and_cleans() {
     .unwrap();
 
     let m = start_maintainer(&client, "maintainer-a");
-    let rescued = eventually(Duration::from_secs(15), "stuck job rescued", || async {
-        let j = client.job(stuck.id).await.unwrap().unwrap();
-        (j.state == JobState::Available).then_some(j)
-    })
+    let rescued = job_in_state(
+        &client,
+        stuck.id,
+        JobState::Available,
+        Duration::from_secs(15),
+        "stuck job rescued",
+    )
     .await;
     assert_eq!(rescued.attempt_errors()[0].kind, FailureKind::Rescued);
     eventually(Duration::from_secs(5), "due job promoted", || async {

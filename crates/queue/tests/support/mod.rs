@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use queue::{Client, Engine, EngineConfig, QueueName, RetryPolicy, Workers};
+use queue::{Client, Engine, EngineConfig, JobRow, JobState, QueueName, RetryPolicy, Workers};
 use serde::{Deserialize, Serialize};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -85,6 +85,21 @@ pub fn run_engine(engine: Engine) -> Running {
 }
 
 pub use testkit::eventually;
+
+/// Waits up to `timeout` (failing with `what`) until job `id` is in `state`, and returns it then.
+pub async fn job_in_state(
+    client: &Client,
+    id: i64,
+    state: JobState,
+    timeout: Duration,
+    what: &str,
+) -> JobRow {
+    eventually(timeout, what, || async {
+        let j = client.job(id).await.unwrap().unwrap();
+        (j.state == state).then_some(j)
+    })
+    .await
+}
 
 /// Waits until a session of the test database is listening for notifications (the engine's
 /// notifier), so that a wake-up sent from now on reaches it; then lets the producers go idle.
