@@ -55,7 +55,8 @@ pub struct LockPatience {
 /// The longest pause between two attempts of [`migrate_patiently`].
 pub const MAX_PAUSE: Duration = Duration::from_secs(60);
 
-/// How long [`migrate_patiently`] waits for a connection before it counts the attempt failed.
+/// How long [`connect_within`] waits for a connection (a `migrate_patiently` attempt, an admin
+/// command's first connection) before giving up.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Default for LockPatience {
@@ -147,19 +148,24 @@ pub async fn apply_patiently(
 /// One attempt on a connection of its own: a failed attempt's session ends with it, and with the
 /// session the migrator's advisory lock, which sqlx does not release on an error.
 async fn attempt(migrator: &Migrator, options: &PgConnectOptions) -> Result<(), MigrateError> {
-    let mut conn =
-        match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(options)).await {
-            Ok(connected) => connected?,
-            Err(_) => {
-                return Err(MigrateError::Execute(sqlx::Error::Io(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!("connecting took longer than {CONNECT_TIMEOUT:?}"),
-                ))));
-            }
-        };
+    let mut conn = connect_within(options)
+        .await
+        .map_err(MigrateError::Execute)?;
     migrator.run(&mut conn).await?;
     conn.close().await?;
     Ok(())
+}
+
+/// One connection of `options`, or the reason there is none (refused, a wrong password, no such
+/// database), an I/O `TimedOut` error after [`CONNECT_TIMEOUT`] without an answer.
+pub async fn connect_within(options: &PgConnectOptions) -> Result<PgConnection, sqlx::Error> {
+    match tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(options)).await {
+        Ok(connected) => connected,
+        Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!("connecting took longer than {CONNECT_TIMEOUT:?}"),
+        ))),
+    }
 }
 
 /// `Ok` with the database's error if another attempt may succeed where `e` failed: a lock wait

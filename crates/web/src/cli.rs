@@ -2,11 +2,10 @@
 
 use std::io::Write as _;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use sqlx::{Connection as _, PgConnection};
+use sqlx::Connection as _;
 use uuid::Uuid;
 
 use crate::admin;
@@ -82,26 +81,16 @@ fn print_written<T: serde::Serialize>(
     print_json(value).with_context(|| format!("{}, but printing it failed", written()))
 }
 
-/// How long an admin command waits for the database to answer its first connection.
-const ADMIN_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Connects once with `pool`'s options, so that a database out of reach is reported with its
-/// reason (refused, a wrong password, no such database): the pool itself says only "pool timed
-/// out" once its acquire timeout is over.
+/// Connects once with `pool`'s options ([`schema::connect_within`]), so that a database out of
+/// reach is reported with its reason (refused, a wrong password, no such database): the pool
+/// itself says only "pool timed out" once its acquire timeout is over.
 async fn check_reachable(pool: &sqlx::PgPool) -> anyhow::Result<()> {
-    let options = pool.connect_options();
-    match tokio::time::timeout(ADMIN_CONNECT_TIMEOUT, PgConnection::connect_with(&options)).await {
-        Err(_) => anyhow::bail!(
-            "connecting to the database: no answer within {}s",
-            ADMIN_CONNECT_TIMEOUT.as_secs()
-        ),
-        Ok(connected) => {
-            let connection = connected.context("connecting to the database")?;
-            // Only the answer mattered; a failed goodbye changes nothing.
-            let _ = connection.close().await;
-            Ok(())
-        }
-    }
+    let connection = schema::connect_within(&pool.connect_options())
+        .await
+        .context("connecting to the database")?;
+    // Only the answer mattered; a failed goodbye changes nothing.
+    let _ = connection.close().await;
+    Ok(())
 }
 
 /// Runs an admin command against the database (no logging on stdout: it carries the result).
