@@ -60,15 +60,15 @@ pub(crate) fn with_server_limits(begin: &str, database_timeout: std::time::Durat
 /// sqlx does not track) never sends back a connection in an unknown state, and a connection
 /// whose path went silent is cut instead of being pinged on its way back, which would hold its
 /// pool slot until the kernel gives up on it.
-struct ClosedUnlessReleased(Option<PoolConnection<Postgres>>);
+pub struct ClosedUnlessReleased(Option<PoolConnection<Postgres>>);
 
 impl ClosedUnlessReleased {
-    async fn acquire(pool: &PgPool) -> Result<Self, sqlx::Error> {
+    pub async fn acquire(pool: &PgPool) -> Result<Self, sqlx::Error> {
         Ok(Self(Some(pool.acquire().await?)))
     }
 
     /// Sends the connection back to the pool, its work done.
-    fn release(mut self) {
+    pub fn release(mut self) {
         drop(self.0.take());
     }
 }

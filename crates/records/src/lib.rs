@@ -21,8 +21,7 @@ pub mod specviews;
 
 pub use hook::{RecordHook, SettleError, settle};
 
-use sqlx::pool::PoolConnection;
-use sqlx::{Connection as _, PgConnection, PgPool, Postgres};
+use sqlx::{Connection as _, PgConnection, PgPool};
 
 /// Runs `work`, which reads or writes a large value (an inventory, a specview: up to 64 MiB), on
 /// a connection of `pool`, then gives back the memory the connection's buffers grew to for it.
@@ -35,28 +34,11 @@ pub async fn with_buffers_given_back<T>(
     pool: &PgPool,
     work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
 ) -> Result<T, sqlx::Error> {
-    let mut held = ClosedUnlessFinished {
-        connection: pool.acquire().await?,
-        finished: false,
-    };
-    let result = work(&mut held.connection).await;
-    held.connection.shrink_buffers();
-    held.finished = true;
+    let mut connection = queue::begin::ClosedUnlessReleased::acquire(pool).await?;
+    let result = work(&mut connection).await;
+    connection.shrink_buffers();
+    connection.release();
     result
-}
-
-/// A pooled connection closed when dropped, unless its work finished.
-struct ClosedUnlessFinished {
-    connection: PoolConnection<Postgres>,
-    finished: bool,
-}
-
-impl Drop for ClosedUnlessFinished {
-    fn drop(&mut self) {
-        if !self.finished {
-            self.connection.close_on_drop();
-        }
-    }
 }
 
 /// The state of an analysis or specview record (`fairlane_work_state`).
