@@ -6,6 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use sqlx::postgres::PgConnectOptions;
 
 /// Everything `web` reads at start-up.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -302,14 +303,15 @@ impl WebConfig {
         Ok(policy)
     }
 
-    /// Refuses a pool of no connections (sqlx panics on one).
-    pub fn check_connections(&self) -> Result<(), String> {
+    /// Refuses a pool of no connections (sqlx panics on one), a `DATABASE_URL` that is not a
+    /// PostgreSQL URL and an `HTTP_ADDR` that is not host:port; returns the URL's connect options.
+    pub fn check_connections(&self) -> Result<PgConnectOptions, String> {
         if self.database_max_connections == 0 {
             return Err("DATABASE_MAX_CONNECTIONS must be at least 1, got 0".to_owned());
         }
         // Read here, before telemetry starts or anything connects, so a typo is one line on
         // stderr.
-        schema::database_url_options(&self.database_url)?;
+        let options = schema::database_url_options(&self.database_url)?;
         let port = self
             .http_addr
             .rsplit_once(':')
@@ -321,7 +323,7 @@ impl WebConfig {
                 self.http_addr.escape_debug()
             ));
         }
-        Ok(())
+        Ok(options)
     }
 
     /// Loads defaults, then `file` (if given), then the environment (a variable that is not

@@ -129,8 +129,7 @@ pub fn pool(config: &WebConfig) -> anyhow::Result<PgPool> {
 /// The connect options of `config`'s database, with only the queue's session settings
 /// ([`queue::config::session_settings`]) and no timeouts: each caller sets its own.
 fn connect_options(config: &WebConfig) -> anyhow::Result<PgConnectOptions> {
-    config.check_connections().map_err(anyhow::Error::msg)?;
-    let options = schema::database_url_options(&config.database_url).map_err(anyhow::Error::msg)?;
+    let options = config.check_connections().map_err(anyhow::Error::msg)?;
     Ok(queue::config::session_settings(options))
 }
 
