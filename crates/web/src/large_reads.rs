@@ -126,8 +126,9 @@ impl LargeReads {
         Ok(whole.map(|row| (row, Admitted { permit })))
     }
 
-    /// Permits free now (for tests).
-    pub fn available(&self) -> usize {
+    /// Permits free now.
+    #[cfg(test)]
+    fn available(&self) -> usize {
         self.permits.available_permits()
     }
 }
