@@ -1,7 +1,8 @@
 //! The six per-queue Grafana dashboards, generated from `deploy/grafana/templates/queue.json` by
 //! replacing its `@@NAME@@` placeholders. `cargo xtask dashboards` writes them to
 //! `deploy/grafana/dashboards/queue-<queue>.json`; a test fails when the committed files differ
-//! from what the template gives.
+//! from what the template gives. Every shipped dashboard is scoped by a `namespace` variable
+//! ([`unscoped_selectors`] finds a selector that forgot it).
 
 use std::path::{Path, PathBuf};
 
@@ -147,6 +148,75 @@ pub fn write(root: &Path) -> Result<Vec<PathBuf>, DashboardError> {
     Ok(written)
 }
 
+/// The matcher every selector of a shipped dashboard carries, as (label, op, value): the
+/// namespaces picked in the `namespace` variable. Its All value is `.*`, which also matches a
+/// series without the label (the compose stack's), so one dashboard serves both.
+pub const NAMESPACE_MATCHER: (&str, &str, &str) = ("namespace", "=~", "$namespace");
+
+/// Every `expr` of a dashboard (panels and rows' nested panels), with its panel's title.
+pub fn expressions(dashboard: &serde_json::Value) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut stack: Vec<&serde_json::Value> = dashboard["panels"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .collect();
+    while let Some(panel) = stack.pop() {
+        if let Some(nested) = panel["panels"].as_array() {
+            stack.extend(nested);
+        }
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            if let Some(expr) = target["expr"].as_str() {
+                out.push((
+                    panel["title"].as_str().unwrap_or("?").to_owned(),
+                    expr.to_owned(),
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The queries of `dashboard` (its panels' expressions and its variables' `label_values(…)`)
+/// with a selector that lacks [`NAMESPACE_MATCHER`], each as `«where»: expression`. Such a
+/// panel would add up every namespace's series whatever the viewer picked.
+pub fn unscoped_selectors(
+    dashboard: &serde_json::Value,
+) -> Result<Vec<String>, crate::promql::PromqlError> {
+    let (label, op, value) = NAMESPACE_MATCHER;
+    let mut queries = expressions(dashboard);
+    for var in dashboard["templating"]["list"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let query = var["query"]["query"].as_str().or(var["query"].as_str());
+        if let Some(inner) = query
+            .and_then(|q| q.strip_prefix("label_values("))
+            .and_then(|q| q.strip_suffix(')'))
+            && let Some((metric, _)) = inner.rsplit_once(',')
+            // The namespace variable lists the namespaces; it cannot be scoped by itself.
+            && var["name"] != "namespace"
+        {
+            queries.push((
+                format!("variable {}", var["name"].as_str().unwrap_or("?")),
+                metric.trim().to_owned(),
+            ));
+        }
+    }
+    let mut unscoped = Vec::new();
+    for (place, query) in queries {
+        let selectors = crate::promql::selectors(&query)?;
+        if selectors
+            .iter()
+            .any(|s| !s.matchers.iter().any(|m| m.is(label, op, value)))
+        {
+            unscoped.push(format!("«{place}»: {query}"));
+        }
+    }
+    Ok(unscoped)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,6 +242,73 @@ mod tests {
         let err = render(r#"{"a": "@@NOPE@@"}"#, &QUEUE_DASHBOARDS[0]).unwrap_err();
         assert!(err.to_string().contains("@@NOPE@@"), "{err}");
         assert!(render(r#"{"a": "@@QUEUE@@""#, &QUEUE_DASHBOARDS[0]).is_err());
+    }
+
+    fn shipped_dashboards() -> Vec<(String, serde_json::Value)> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../..")
+            .join(DASHBOARD_DIR);
+        let mut found: Vec<(String, serde_json::Value)> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| {
+                let path = e.unwrap().path();
+                let text = std::fs::read_to_string(&path).unwrap();
+                (
+                    path.file_name().unwrap().to_string_lossy().into_owned(),
+                    serde_json::from_str(&text).unwrap(),
+                )
+            })
+            .collect();
+        found.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(found.len(), QUEUE_DASHBOARDS.len() + 1, "{found:?}");
+        found
+    }
+
+    #[test]
+    fn every_shipped_query_is_scoped_by_the_namespace_variable() {
+        for (file, dashboard) in shipped_dashboards() {
+            let vars = dashboard["templating"]["list"].as_array().unwrap();
+            let namespace = vars
+                .iter()
+                .find(|v| v["name"] == "namespace")
+                .unwrap_or_else(|| panic!("{file}: no namespace variable"));
+            // All must also match series without the label (the compose stack's), and be
+            // what a dashboard opens with.
+            assert_eq!(namespace["includeAll"], true, "{file}");
+            assert_eq!(namespace["allValue"], ".*", "{file}");
+            assert_eq!(namespace["current"]["value"][0], "$__all", "{file}");
+            assert!(expressions(&dashboard).len() >= 8, "{file}");
+            let unscoped = unscoped_selectors(&dashboard).unwrap();
+            assert!(unscoped.is_empty(), "{file}: {unscoped:#?}");
+        }
+    }
+
+    #[test]
+    fn a_selector_without_the_namespace_matcher_is_found() {
+        let dashboard = serde_json::json!({
+            "templating": {"list": [
+                {"name": "namespace", "query": {"query": "label_values(up, namespace)"}},
+                {"name": "queue", "query": {"query": "label_values(fairlane_workers_max, queue)"}}
+            ]},
+            "panels": [
+                {"title": "scoped", "targets": [
+                    {"expr": "sum(a{namespace=~\"$namespace\"}) / sum(b{namespace=~\"$namespace\", q=\"x\"})"}
+                ]},
+                {"title": "row", "panels": [
+                    {"title": "half", "targets": [
+                        {"expr": "a{namespace=~\"$namespace\"} / b{namespace=\"$namespace\"}"}
+                    ]}
+                ]}
+            ]
+        });
+        let unscoped = unscoped_selectors(&dashboard).unwrap();
+        assert_eq!(
+            unscoped,
+            vec![
+                "«half»: a{namespace=~\"$namespace\"} / b{namespace=\"$namespace\"}".to_owned(),
+                "«variable queue»: fairlane_workers_max".to_owned(),
+            ]
+        );
     }
 
     #[test]

@@ -21,7 +21,10 @@ enum Token {
     Ident(String),
     /// Number or duration literal (`0.95`, `5m`, `1e3`).
     Number,
-    Str,
+    /// A string literal's contents, escapes left as written.
+    Str(String),
+    /// A Grafana template variable (`$queue`, `${queue}`, `$__rate_interval`).
+    Variable(String),
     Punct(char),
 }
 
@@ -74,6 +77,7 @@ fn tokenize(expr: &str) -> Result<Vec<Token>, PromqlError> {
         } else if c == '"' || c == '\'' || c == '`' {
             let quote = c;
             i += 1;
+            let start = i;
             loop {
                 match chars.get(i) {
                     None => return Err(PromqlError::UnterminatedString),
@@ -85,7 +89,7 @@ fn tokenize(expr: &str) -> Result<Vec<Token>, PromqlError> {
                     Some(_) => i += 1,
                 }
             }
-            tokens.push(Token::Str);
+            tokens.push(Token::Str(chars[start..i - 1].iter().collect()));
         } else if c.is_ascii_digit()
             || (c == '.' && chars.get(i + 1).is_some_and(char::is_ascii_digit))
         {
@@ -108,7 +112,7 @@ fn tokenize(expr: &str) -> Result<Vec<Token>, PromqlError> {
             {
                 i += 1;
             }
-            return Err(PromqlError::Variable(chars[start..i].iter().collect()));
+            tokens.push(Token::Variable(chars[start..i].iter().collect()));
         } else if "(){}[],=!~<>+-*/%^@:".contains(c) {
             tokens.push(Token::Punct(c));
             i += 1;
@@ -119,24 +123,84 @@ fn tokenize(expr: &str) -> Result<Vec<Token>, PromqlError> {
     Ok(tokens)
 }
 
-/// The metric and label names `expr` refers to. Template variables must have been substituted.
-pub fn names(expr: &str) -> Result<Names, PromqlError> {
-    let tokens = tokenize(expr)?;
-    let mut names = Names::default();
+/// One vector selector of an expression: `metric{label op "value", …}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selector {
+    /// None for a selector of matchers alone (`{__name__=~"…"}`).
+    pub metric: Option<String>,
+    pub matchers: Vec<Matcher>,
+}
+
+/// One label matcher of a [`Selector`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Matcher {
+    pub label: String,
+    /// `=`, `!=`, `=~` or `!~`.
+    pub op: String,
+    /// The string literal's contents, escapes as written; template variables left in place.
+    pub value: String,
+}
+
+impl Matcher {
+    /// Whether this matcher is `label op "value"` exactly.
+    pub fn is(&self, label: &str, op: &str, value: &str) -> bool {
+        self.label == label && self.op == op && self.value == value
+    }
+}
+
+/// What a walk over an expression's tokens finds.
+struct Walked {
+    selectors: Vec<Selector>,
+    /// Labels named in `by (…)`, `without (…)`, `on (…)` and the like.
+    grouping_labels: BTreeSet<String>,
+}
+
+/// The matchers of the `{…}` that starts at `tokens[*i]`; leaves `*i` on its `}`.
+fn matchers(tokens: &[Token], i: &mut usize) -> Vec<Matcher> {
+    let mut found = Vec::new();
+    *i += 1;
+    while *i < tokens.len() && tokens[*i] != Token::Punct('}') {
+        if let Token::Ident(label) = &tokens[*i] {
+            let (op, value_at) = match (tokens.get(*i + 1), tokens.get(*i + 2)) {
+                (Some(Token::Punct('=')), Some(Token::Punct('~'))) => ("=~", *i + 3),
+                (Some(Token::Punct('!')), Some(Token::Punct('='))) => ("!=", *i + 3),
+                (Some(Token::Punct('!')), Some(Token::Punct('~'))) => ("!~", *i + 3),
+                (Some(Token::Punct('=')), _) => ("=", *i + 2),
+                _ => {
+                    *i += 1;
+                    continue;
+                }
+            };
+            let value = match tokens.get(value_at) {
+                Some(Token::Str(value)) => value.clone(),
+                _ => String::new(),
+            };
+            found.push(Matcher {
+                label: label.clone(),
+                op: op.to_owned(),
+                value,
+            });
+            *i = value_at;
+        }
+        *i += 1;
+    }
+    found
+}
+
+fn walk(tokens: &[Token]) -> Walked {
+    let mut walked = Walked {
+        selectors: Vec::new(),
+        grouping_labels: BTreeSet::new(),
+    };
     let mut i = 0;
     while i < tokens.len() {
         match &tokens[i] {
             Token::Punct('{') => {
-                // Matchers: label op "value", …
-                i += 1;
-                while i < tokens.len() && tokens[i] != Token::Punct('}') {
-                    if let Token::Ident(label) = &tokens[i]
-                        && matches!(tokens.get(i + 1), Some(Token::Punct('=' | '!')))
-                    {
-                        names.labels.insert(label.clone());
-                    }
-                    i += 1;
-                }
+                let matchers = matchers(tokens, &mut i);
+                walked.selectors.push(Selector {
+                    metric: None,
+                    matchers,
+                });
             }
             Token::Punct('[') => {
                 while i < tokens.len() && tokens[i] != Token::Punct(']') {
@@ -150,7 +214,7 @@ pub fn names(expr: &str) -> Result<Names, PromqlError> {
                 i += 2;
                 while i < tokens.len() && tokens[i] != Token::Punct(')') {
                     if let Token::Ident(label) = &tokens[i] {
-                        names.labels.insert(label.clone());
+                        walked.grouping_labels.insert(label.clone());
                     }
                     i += 1;
                 }
@@ -163,14 +227,48 @@ pub fn names(expr: &str) -> Result<Names, PromqlError> {
                     _ => false,
                 };
                 if !is_call && !KEYWORDS.contains(&word.as_str()) {
-                    names.metrics.insert(word.clone());
+                    let mut matchers_of_metric = Vec::new();
+                    if tokens.get(i + 1) == Some(&Token::Punct('{')) {
+                        i += 1;
+                        matchers_of_metric = matchers(tokens, &mut i);
+                    }
+                    walked.selectors.push(Selector {
+                        metric: Some(word.clone()),
+                        matchers: matchers_of_metric,
+                    });
                 }
             }
             _ => {}
         }
         i += 1;
     }
+    walked
+}
+
+/// The metric and label names `expr` refers to. Template variables must have been substituted.
+pub fn names(expr: &str) -> Result<Names, PromqlError> {
+    let tokens = tokenize(expr)?;
+    if let Some(Token::Variable(name)) = tokens.iter().find(|t| matches!(t, Token::Variable(_))) {
+        return Err(PromqlError::Variable(name.clone()));
+    }
+    let walked = walk(&tokens);
+    let mut names = Names {
+        labels: walked.grouping_labels,
+        ..Names::default()
+    };
+    for selector in walked.selectors {
+        names.metrics.extend(selector.metric);
+        names
+            .labels
+            .extend(selector.matchers.into_iter().map(|m| m.label));
+    }
     Ok(names)
+}
+
+/// Every vector selector of `expr`, in order. Template variables may be left in (a dashboard's
+/// own expression, before Grafana substitutes them).
+pub fn selectors(expr: &str) -> Result<Vec<Selector>, PromqlError> {
+    Ok(walk(&tokenize(expr)?).selectors)
 }
 
 #[cfg(test)]
@@ -216,6 +314,45 @@ mod tests {
         assert_eq!(n.labels, set(&["a", "b"]));
         let n = names("vector(1) * 1e3").unwrap();
         assert!(n.metrics.is_empty() && n.labels.is_empty());
+    }
+
+    #[test]
+    fn selectors_carry_their_matchers_with_variables_left_in() {
+        let found = selectors(
+            r#"sum by (queue) (rate(jobs_total{queue=~"$queue", namespace=~"${namespace}", state!="x", kind!~'a|b'}[$__rate_interval])) / on (queue) up or {__name__="m"}"#,
+        )
+        .unwrap();
+        type Shape<'a> = (Option<&'a str>, Vec<(&'a str, &'a str, &'a str)>);
+        let shapes: Vec<Shape<'_>> = found
+            .iter()
+            .map(|s| {
+                (
+                    s.metric.as_deref(),
+                    s.matchers
+                        .iter()
+                        .map(|m| (m.label.as_str(), m.op.as_str(), m.value.as_str()))
+                        .collect(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            shapes,
+            vec![
+                (
+                    Some("jobs_total"),
+                    vec![
+                        ("queue", "=~", "$queue"),
+                        ("namespace", "=~", "${namespace}"),
+                        ("state", "!=", "x"),
+                        ("kind", "!~", "a|b"),
+                    ]
+                ),
+                (Some("up"), vec![]),
+                (None, vec![("__name__", "=", "m")]),
+            ]
+        );
+        assert!(found[0].matchers[1].is("namespace", "=~", "${namespace}"));
+        assert!(!found[0].matchers[1].is("namespace", "=", "${namespace}"));
     }
 
     #[test]

@@ -2,10 +2,11 @@
 //! `deploy_checks::SERVICE_PACKAGES`) run against a test database and process jobs in all six
 //! queues, submitted through the API and the queue; a real Prometheus (Debian's `prometheus`)
 //! scrapes them with a config derived from the shipped `deploy/prometheus/prometheus.yml` (same
-//! scrape jobs and relabelling, targets rewritten to the test ports, 1 s interval); then every
-//! PromQL expression of every shipped dashboard must parse and return data, every metric and
-//! label it names must exist in what was scraped, the alert rules must evaluate, and every
-//! metric of SPEC §8 must carry exactly its SPEC labels.
+//! scrape jobs and relabelling, targets rewritten to the test ports and labelled with a
+//! namespace as on Kubernetes, 1 s interval); then every PromQL expression of every shipped
+//! dashboard must parse and return data (for all namespaces and for the scraped one, none for
+//! another), every metric and label it names must exist in what was scraped, the alert rules
+//! must evaluate, and every metric of SPEC §8 must carry exactly its SPEC labels.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -32,8 +33,12 @@ const BUILTIN_VARIABLES: [(&str, &str); 4] = [
     ("$__auto", "1s"),
 ];
 
-/// SPEC §8: metric family → its labels (besides the `job`/`instance` Prometheus adds, and `le`
-/// on histogram buckets).
+/// The `namespace` label the check's scrape config gives every series, as Kubernetes service
+/// discovery does (deploy/prometheus/kubernetes.yml).
+const CHECK_NAMESPACE: &str = "fairlane-check";
+
+/// SPEC §8: metric family → its labels (besides the `job`/`instance` Prometheus adds, the
+/// `namespace` of [`CHECK_NAMESPACE`], and `le` on histogram buckets).
 const SPEC_METRICS: [(&str, &[&str]); 11] = [
     ("fairlane_queue_jobs", &["queue", "state"]),
     ("fairlane_jobs_total", &["queue", "kind", "outcome"]),
@@ -177,7 +182,8 @@ async fn wait_for_jobs(db: &TestDb, finished: &[i64], attempted: &[i64]) {
     }
 }
 
-/// The shipped scrape config with the targets of the running services and a 1 s interval.
+/// The shipped scrape config with the targets of the running services, labelled with
+/// [`CHECK_NAMESPACE`], and a 1 s interval.
 fn derived_config(
     running: &BTreeMap<String, Running>,
     dir: &std::path::Path,
@@ -221,6 +227,10 @@ fn derived_config(
             service.port
         ))]
         .into();
+        // What kubernetes.yml's relabelling adds to every series; the dashboards filter on it.
+        let mut labels = serde_yaml::Mapping::new();
+        labels.insert("namespace".into(), CHECK_NAMESPACE.into());
+        statics[0]["labels"] = labels.into();
     }
     let path = dir.join("prometheus.yml");
     std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
@@ -301,28 +311,9 @@ impl Prometheus {
     }
 }
 
-/// Every `expr` of a dashboard (panels, rows' nested panels), with its panel title.
-fn expressions(dashboard: &Value) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    let mut stack: Vec<&Value> = dashboard["panels"].as_array().unwrap().iter().collect();
-    while let Some(panel) = stack.pop() {
-        if let Some(nested) = panel["panels"].as_array() {
-            stack.extend(nested);
-        }
-        for target in panel["targets"].as_array().into_iter().flatten() {
-            if let Some(expr) = target["expr"].as_str() {
-                out.push((
-                    panel["title"].as_str().unwrap_or("?").to_owned(),
-                    expr.to_owned(),
-                ));
-            }
-        }
-    }
-    out
-}
-
-/// The dashboard's own variables and Grafana's built-ins, substituted.
-fn substitute(dashboard: &Value, expr: &str) -> String {
+/// The dashboard's own variables (their current values, or `picked` for those it names) and
+/// Grafana's built-ins, substituted.
+fn substitute(dashboard: &Value, expr: &str, picked: &[(&str, &str)]) -> String {
     let mut vars: Vec<(String, String)> = Vec::new();
     for var in dashboard["templating"]["list"]
         .as_array()
@@ -330,6 +321,11 @@ fn substitute(dashboard: &Value, expr: &str) -> String {
         .flatten()
     {
         let name = var["name"].as_str().unwrap();
+        if let Some((_, value)) = picked.iter().find(|(n, _)| *n == name) {
+            vars.push((format!("${{{name}}}"), (*value).to_owned()));
+            vars.push((format!("${name}"), (*value).to_owned()));
+            continue;
+        }
         let current = &var["current"]["value"];
         let all = current
             .as_array()
@@ -410,7 +406,7 @@ async fn heavy_prometheus_scrapes_the_services_and_every_dashboard_query_returns
     let mut problems = Vec::new();
     for (metric, labels) in SPEC_METRICS {
         let mut want: BTreeSet<String> = labels.iter().map(|l| (*l).to_owned()).collect();
-        want.extend(["__name__", "job", "instance"].map(str::to_owned));
+        want.extend(["__name__", "job", "instance", "namespace"].map(str::to_owned));
         if metric.ends_with("_bucket") {
             want.insert("le".into());
         }
@@ -451,7 +447,8 @@ async fn heavy_prometheus_scrapes_the_services_and_every_dashboard_query_returns
                     .strip_prefix("label_values(")
                     .and_then(|q| q.strip_suffix(')'))
             {
-                let (metric, label) = inner.split_once(',').unwrap();
+                let inner = substitute(&dashboard, inner, &[]);
+                let (metric, label) = inner.rsplit_once(',').unwrap();
                 if !prometheus
                     .label_names(metric.trim())
                     .await
@@ -463,9 +460,25 @@ async fn heavy_prometheus_scrapes_the_services_and_every_dashboard_query_returns
                 }
             }
         }
-        for (title, expr) in expressions(&dashboard) {
+        let unscoped = deploy_checks::dashboards::unscoped_selectors(&dashboard).unwrap();
+        if !unscoped.is_empty() {
+            problems.push(format!("{file}: not scoped by namespace: {unscoped:?}"));
+        }
+        for (title, raw) in deploy_checks::dashboards::expressions(&dashboard) {
             checked += 1;
-            let expr = substitute(&dashboard, &expr);
+            // The namespace picked: the scraped one gives data, another gives none.
+            for (namespace, data) in [(CHECK_NAMESPACE, true), ("elsewhere", false)] {
+                let expr = substitute(&dashboard, &raw, &[("namespace", namespace)]);
+                match prometheus.query(&expr).await {
+                    Ok(result) if result.is_empty() == data => problems.push(format!(
+                        "{file} «{title}» in namespace {namespace}: {}: {expr}",
+                        if data { "no data" } else { "data" }
+                    )),
+                    Ok(_) => {}
+                    Err(e) => problems.push(format!("{file} «{title}»: {e}: {expr}")),
+                }
+            }
+            let expr = substitute(&dashboard, &raw, &[]);
             let names = match deploy_checks::promql::names(&expr) {
                 Ok(n) => n,
                 Err(e) => {
