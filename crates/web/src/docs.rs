@@ -155,15 +155,25 @@ pub fn render(doc: &Value) -> String {
             if let Some(d) = schema.get("description").and_then(Value::as_str) {
                 let _ = write!(html, "<p>{}</p>", esc(d));
             }
-            let required: Vec<&str> = schema["required"]
+            // A schema made of others (`allOf`, from a flattened field): the fields of each
+            // part it names, then its own.
+            let parts: Vec<&Value> = schema["allOf"]
                 .as_array()
-                .map(|r| r.iter().filter_map(Value::as_str).collect())
-                .unwrap_or_default();
-            if let Some(props) = schema["properties"].as_object() {
-                html.push_str("<table><tr><th>field</th><th>type</th><th>required</th><th>description</th></tr>");
-                for (field, p) in props {
+                .map(|all| all.iter().collect())
+                .unwrap_or_else(|| vec![schema]);
+            let mut rows = String::new();
+            for part in parts {
+                if part.get("$ref").is_some() {
+                    let _ = write!(html, "<p>Every field of {}, and:</p>", schema_text(part));
+                    continue;
+                }
+                let required: Vec<&str> = part["required"]
+                    .as_array()
+                    .map(|r| r.iter().filter_map(Value::as_str).collect())
+                    .unwrap_or_default();
+                for (field, p) in part["properties"].as_object().into_iter().flatten() {
                     let _ = write!(
-                        html,
+                        rows,
                         "<tr><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}</td></tr>",
                         esc(field),
                         schema_text(p),
@@ -175,8 +185,12 @@ pub fn render(doc: &Value) -> String {
                         esc(p["description"].as_str().unwrap_or_default())
                     );
                 }
+            }
+            if !rows.is_empty() {
+                html.push_str("<table><tr><th>field</th><th>type</th><th>required</th><th>description</th></tr>");
+                html.push_str(&rows);
                 html.push_str("</table>");
-            } else {
+            } else if schema.get("allOf").is_none() {
                 let _ = write!(html, "<p>{}</p>", schema_text(schema));
             }
         }
@@ -214,6 +228,14 @@ mod tests {
             );
         }
         assert!(html.contains("id=\"problem-quota_exceeded\""));
+        // A record's schema made of its summary and its result lists both.
+        let view = &html[html.find("id=\"schema-AnalysisView\"").unwrap()..];
+        let view = &view[..view.find("<h3").unwrap_or(view.len())];
+        assert!(
+            view.contains("Every field of <a href=\"#schema-AnalysisSummary\">")
+                && view.contains("<code>result</code>"),
+            "{view}"
+        );
         assert!(!html.contains("<script"));
         assert!(!html.contains("http://") && !html.contains("https://cdn"));
         assert_eq!(

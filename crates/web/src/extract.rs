@@ -1,5 +1,6 @@
 //! Request extractors whose every rejection is a problem+json with a message that says what is
-//! wrong: [`ApiJson`] (content type, size limit, syntax, types, unknown fields) and [`IdPath`].
+//! wrong: [`ApiJson`] (content type, size limit, syntax, types, unknown fields), [`ApiQuery`]
+//! (the query string's parameters) and [`IdPath`].
 
 use axum::extract::{FromRequest, FromRequestParts, Path, Request};
 use bytes::Bytes;
@@ -130,6 +131,32 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
             }
         })?;
         decode(&bytes).map(ApiJson)
+    }
+}
+
+/// The query string's parameters as `T` (which should deny unknown fields): a parameter that is
+/// unknown, given twice, of the wrong type or not percent-decodable to UTF-8 is a 422
+/// `validation_failed` naming it; nothing is looked up.
+#[derive(Debug, Clone)]
+pub struct ApiQuery<T>(pub T);
+
+/// Decodes `uri`'s query string as `T`.
+pub fn decode_query<T: DeserializeOwned>(uri: &http::Uri) -> Result<T, Problem> {
+    match axum::extract::Query::<T>::try_from_uri(uri) {
+        Ok(axum::extract::Query(value)) => Ok(value),
+        Err(e) => Err(Problem::validation(format!(
+            "the query string is not acceptable: {}",
+            // axum's text starts with its own preamble; the cause is what says what is wrong.
+            std::error::Error::source(&e).map_or_else(|| e.body_text(), |c| c.to_string())
+        ))),
+    }
+}
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        decode_query(&parts.uri).map(ApiQuery)
     }
 }
 

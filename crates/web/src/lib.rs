@@ -265,9 +265,12 @@ pub fn router(state: AppState, config: &WebConfig) -> Router {
     use routes::{admin as a, analyses, jobs, specviews, system, usage};
     // User routes: authenticate first (so the limiter knows the caller), then rate limit.
     let user = Router::new()
-        .route("/v1/analyses", post(analyses::create))
+        .route("/v1/analyses", post(analyses::create).get(analyses::list))
         .route("/v1/analyses/{id}", get(analyses::get))
-        .route("/v1/specviews", post(specviews::create))
+        .route(
+            "/v1/specviews",
+            post(specviews::create).get(specviews::list),
+        )
         .route("/v1/specviews/{id}", get(specviews::get))
         .route("/v1/jobs/{id}", get(jobs::get).delete(jobs::cancel))
         .route("/v1/usage", get(usage::get))

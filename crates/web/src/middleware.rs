@@ -111,7 +111,7 @@ pub async fn timeout(limit: Duration, req: Request, next: Next) -> Response {
             format!(
                 "the request took longer than {} s and was abandoned while its writes were being \
                  committed: they may have taken effect; look at what it changes (for new work, \
-                 GET /v1/usage and your jobs) before sending it again",
+                 GET /v1/analyses or GET /v1/specviews, newest first) before sending it again",
                 limit.as_secs_f64()
             ),
         )

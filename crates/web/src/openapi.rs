@@ -18,8 +18,10 @@ use crate::routes;
     ),
     paths(
         routes::analyses::create,
+        routes::analyses::list,
         routes::analyses::get,
         routes::specviews::create,
+        routes::specviews::list,
         routes::specviews::get,
         routes::jobs::get,
         routes::jobs::cancel,
@@ -182,6 +184,21 @@ fn add_errors(path: &str, method: &str, op: &mut Operation) {
             op,
             "422",
             "A value is not acceptable (`validation_failed`; for analyses also `repository_not_found`, `ref_not_found`, `repository_unreachable`)",
+            false,
+        );
+    }
+    let has_query = op.parameters.iter().flatten().any(|p| {
+        matches!(
+            p,
+            utoipa::openapi::RefOr::T(p)
+                if matches!(p.parameter_in, utoipa::openapi::path::ParameterIn::Query)
+        )
+    });
+    if has_query {
+        add(
+            op,
+            "422",
+            "A query parameter is unknown, given twice or not acceptable (`validation_failed`)",
             false,
         );
     }

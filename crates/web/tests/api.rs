@@ -2221,3 +2221,214 @@ async fn timeouts_beyond_what_postgresql_can_hold_still_connect() {
     assert_eq!(r.status.as_u16(), 202, "{}", r.text());
     s.stop().await;
 }
+
+/// Every page of `path` (a list route with its query, without `cursor`), followed through
+/// `next_cursor`: the items' ids in the order given, and how many pages there were.
+async fn all_pages(http: &support::Http, path: &str, key: &str) -> (Vec<String>, usize) {
+    let mut ids = Vec::new();
+    let mut pages = 0;
+    let mut cursor: Option<String> = None;
+    loop {
+        let url = match &cursor {
+            Some(c) => format!("{path}&cursor={c}"),
+            None => path.to_owned(),
+        };
+        let r = http.get(&url, key).await;
+        assert_eq!(r.status, 200, "{url}: {}", r.text());
+        let page = r.json();
+        pages += 1;
+        for item in page["items"].as_array().unwrap() {
+            assert!(
+                item.get("result").is_none() && item.get("markdown").is_none(),
+                "a list leaves results out: {item}"
+            );
+            ids.push(item["id"].as_str().unwrap().to_owned());
+        }
+        match page["next_cursor"].as_str() {
+            Some(next) => cursor = Some(next.to_owned()),
+            None => return (ids, pages),
+        }
+        assert!(pages < 100, "{path}: the pages never end");
+    }
+}
+
+/// `GET /v1/analyses` and `GET /v1/specviews`: the caller's own records only, newest first, a
+/// page at a time through `next_cursor`, each exactly once (records sharing a creation time
+/// included, and records created while the caller pages left out of the pages still to read);
+/// filters by state, repository (either spelling) and analysis; bad parameters are a 422 that
+/// names them.
+#[tokio::test]
+async fn the_callers_records_are_listed_newest_first_a_page_at_a_time() {
+    let db = TestDb::new().await;
+    let s = start(&db).await;
+    let (alice_id, alice) = user_with_key(&db.pool, "pro").await;
+    let (_, bob) = user_with_key(&db.pool, "pro").await;
+    let fixture = "https://github.com/fairlane-test/fixture";
+    let mut created = Vec::new();
+    for (n, repository) in [
+        (1, format!("{fixture}.git")),
+        (2, fixture.to_owned()),
+        (3, format!("{fixture}.git")),
+        (4, "https://github.com/fairlane-test/other.git".to_owned()),
+        (5, format!("{fixture}.git")),
+    ] {
+        let r = s
+            .http
+            .post_json(
+                "/v1/analyses",
+                &alice,
+                &json!({"repository": repository, "ref": sha(n)}),
+            )
+            .await;
+        assert_eq!(r.status, 202, "{}", r.text());
+        created.push(r.json()["analysis_id"].as_str().unwrap().to_owned());
+    }
+    let bobs = s
+        .http
+        .post_json("/v1/analyses", &bob, &analysis_body(1))
+        .await;
+    assert_eq!(bobs.status, 202, "{}", bobs.text());
+    let newest_first: Vec<String> = created.iter().rev().cloned().collect();
+
+    let first = s.http.get("/v1/analyses", &alice).await.json();
+    let items = first["items"].as_array().unwrap();
+    assert_eq!(items.len(), 5);
+    assert!(first["next_cursor"].is_null());
+    assert_eq!(items[0]["id"], newest_first[0].as_str());
+    assert_eq!(items[0]["commit"], sha(5));
+    assert_eq!(items[0]["state"], "pending");
+    assert_eq!(items[0]["cached"], false);
+    assert!(items[0]["job_id"].is_i64());
+
+    let (ids, pages) = all_pages(&s.http, "/v1/analyses?limit=2", &alice).await;
+    assert_eq!((ids, pages), (newest_first.clone(), 3));
+    let (ids, _) = all_pages(&s.http, "/v1/analyses?limit=1", &bob).await;
+    assert_eq!(ids, vec![bobs.json()["analysis_id"].as_str().unwrap()]);
+
+    // Either spelling of a repository finds both.
+    for spelling in [fixture.to_owned(), format!("{fixture}.git")] {
+        let (ids, _) = all_pages(
+            &s.http,
+            &format!("/v1/analyses?limit=2&repository={spelling}"),
+            &alice,
+        )
+        .await;
+        let want: Vec<String> = [4, 2, 1, 0].iter().map(|i| created[*i].clone()).collect();
+        assert_eq!(ids, want, "{spelling}");
+    }
+    sqlx::query("UPDATE analyses SET state = 'failed' WHERE id = $1::uuid")
+        .bind(&created[1])
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let (ids, _) = all_pages(&s.http, "/v1/analyses?state=failed&limit=5", &alice).await;
+    assert_eq!(ids, vec![created[1].clone()]);
+    let (ids, _) = all_pages(&s.http, "/v1/analyses?state=completed&limit=5", &alice).await;
+    assert!(ids.is_empty());
+
+    // A page read, then a new record: the next page goes on where the first ended.
+    let page = s.http.get("/v1/analyses?limit=2", &alice).await.json();
+    let newer = s
+        .http
+        .post_json("/v1/analyses", &alice, &analysis_body(6))
+        .await;
+    assert_eq!(newer.status, 202, "{}", newer.text());
+    let cursor = page["next_cursor"].as_str().unwrap();
+    let rest = s
+        .http
+        .get(&format!("/v1/analyses?limit=10&cursor={cursor}"), &alice)
+        .await
+        .json();
+    let rest: Vec<&str> = rest["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        rest,
+        newest_first[2..]
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+    );
+
+    // Records of one batch share their creation time: the id orders them, and none is lost or
+    // repeated across pages.
+    sqlx::query("UPDATE analyses SET created_at = '2026-11-01T00:00:00Z' WHERE user_id = $1")
+        .bind(alice_id)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let (ids, pages) = all_pages(&s.http, "/v1/analyses?limit=1", &alice).await;
+    assert_eq!(pages, 6);
+    let mut by_id = ids.clone();
+    by_id.sort();
+    by_id.reverse();
+    assert_eq!(ids, by_id);
+
+    // Specviews: of a completed analysis of the caller's, filtered by analysis.
+    sqlx::query("UPDATE analyses SET state = 'completed', result = '{}' WHERE id = $1::uuid")
+        .bind(&created[0])
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let mut specviews = Vec::new();
+    for _ in 0..3 {
+        let r = s
+            .http
+            .post_json("/v1/specviews", &alice, &json!({"analysis_id": created[0]}))
+            .await;
+        assert_eq!(r.status, 202, "{}", r.text());
+        specviews.push(r.json()["specview_id"].as_str().unwrap().to_owned());
+    }
+    specviews.reverse();
+    let (ids, pages) = all_pages(&s.http, "/v1/specviews?limit=2", &alice).await;
+    assert_eq!((ids, pages), (specviews.clone(), 2));
+    let (ids, _) = all_pages(
+        &s.http,
+        &format!(
+            "/v1/specviews?limit=2&state=pending&analysis_id={}",
+            created[0]
+        ),
+        &alice,
+    )
+    .await;
+    assert_eq!(ids, specviews);
+    let (ids, _) = all_pages(
+        &s.http,
+        &format!("/v1/specviews?limit=2&analysis_id={}", created[1]),
+        &alice,
+    )
+    .await;
+    assert!(ids.is_empty());
+    let (ids, _) = all_pages(&s.http, "/v1/specviews?limit=2", &bob).await;
+    assert!(ids.is_empty());
+
+    // Bad parameters: a 422 that names what is wrong.
+    for (query, names) in [
+        ("limit=0", "limit"),
+        ("limit=101", "limit"),
+        ("limit=many", "limit"),
+        ("limit=1&limit=2", "limit"),
+        ("cursor=bm90IGEgY3Vyc29y", "cursor"),
+        ("cursor=", "cursor"),
+        ("state=done", "done"),
+        ("colour=blue", "colour"),
+        ("repository=ssh://github.com/o/r", "repository"),
+    ] {
+        let r = s.http.get(&format!("/v1/analyses?{query}"), &alice).await;
+        let body = r.problem(422, "validation_failed");
+        let detail = body["detail"].as_str().unwrap();
+        assert!(detail.contains(names), "{query}: {detail}");
+    }
+    for query in ["analysis_id=nope", "repository=https://github.com/o/r"] {
+        let r = s.http.get(&format!("/v1/specviews?{query}"), &alice).await;
+        r.problem(422, "validation_failed");
+    }
+    s.http
+        .get("/v1/analyses", "not-a-key")
+        .await
+        .problem(401, "unauthorized");
+    s.stop().await;
+}

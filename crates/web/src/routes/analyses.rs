@@ -1,20 +1,24 @@
 //! `POST /v1/analyses` (cache-first, then quota reservation + analysis row + job in one
 //! transaction, batched with concurrent requests by [`crate::enqueue`]) and
-//! `GET /v1/analyses/{id}`.
+//! `GET /v1/analyses/{id}`, and the caller's list, `GET /v1/analyses`.
 
-use axum::Extension;
 use axum::extract::State;
 use axum::response::Response;
+use axum::{Extension, Json};
 use http::StatusCode;
 use inventory::{FetchError, RepoUrl, UrlError};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use super::{ANALYSIS_COLUMNS, ANALYSIS_COLUMNS_WEIGHED, AnalysisView, JobSummary, is_object_id};
+use super::listing::{self, Cursor, Filter};
+use super::{
+    ANALYSIS_COLUMNS, ANALYSIS_COLUMNS_WEIGHED, AnalysisSummary, AnalysisView, JobSummary,
+    WorkState, is_object_id,
+};
 use crate::auth::AuthUser;
 use crate::enqueue::{EnqueueRequest, Enqueued, NewRecord, enqueue};
-use crate::extract::{ApiJson, IdPath};
+use crate::extract::{ApiJson, ApiQuery, IdPath};
 use crate::middleware::TimeoutWatch;
 use crate::problem::Problem;
 use crate::state::AppState;
@@ -190,9 +194,9 @@ pub async fn create(
             }
             let committed = |e: &dyn std::fmt::Display| {
                 Problem::committed_unread(e, "analysis (served from the cache)")
-                    .with("analysis_id", view.id.to_string())
+                    .with("analysis_id", view.record.id.to_string())
             };
-            read_analysis(&state, view.id, user.user_id)
+            read_analysis(&state, view.record.id, user.user_id)
                 .await
                 .map_err(|e| committed(&e))?
                 .ok_or_else(|| committed(&"a cached analysis vanished after its commit"))
@@ -232,6 +236,67 @@ pub async fn get(
     read_analysis(&state, analysis_id, user.user_id)
         .await?
         .ok_or_else(not_found)
+}
+
+/// The query of `GET /v1/analyses`.
+#[derive(Debug, Clone, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListAnalyses {
+    /// Items per page, 1 to 100 (default 20).
+    #[param(minimum = 1, maximum = 100)]
+    pub limit: Option<u32>,
+    /// Where the page starts: the `next_cursor` of the page before (omit for the newest).
+    pub cursor: Option<String>,
+    /// Only records in this state.
+    pub state: Option<WorkState>,
+    /// Only analyses of this repository, in any spelling `POST /v1/analyses` takes for it
+    /// (`…/o/r` and `…/o/r.git` are one).
+    pub repository: Option<String>,
+}
+
+/// A page of the caller's analyses.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct AnalysisPage {
+    /// Newest first, without their results (`GET /v1/analyses/{id}` has one).
+    pub items: Vec<AnalysisSummary>,
+    /// The `cursor` of the next page; `null` on the last one.
+    pub next_cursor: Option<String>,
+}
+
+/// The caller's analyses, newest first, a page at a time: what they asked for, cache hits
+/// included, and each one's state. After an answer that left the outcome unknown (a
+/// `timeout_outcome_unknown`), this says whether the analysis was created.
+#[utoipa::path(
+    get,
+    path = "/v1/analyses",
+    tag = "analyses",
+    params(ListAnalyses),
+    responses((status = 200, description = "A page of the caller's analyses", body = AnalysisPage)),
+    security(("api_key" = []))
+)]
+pub async fn list(
+    State(state): State<AppState>,
+    user: AuthUser,
+    ApiQuery(query): ApiQuery<ListAnalyses>,
+) -> Result<Json<AnalysisPage>, Problem> {
+    let size = listing::page_size(query.limit)?;
+    let after = query.cursor.as_deref().map(Cursor::decode).transpose()?;
+    let mut filters = Vec::new();
+    if let Some(state) = query.state {
+        filters.push(Filter::State(state));
+    }
+    if let Some(repository) = &query.repository {
+        let repo = inventory::check_url(repository, &state.url_policy).map_err(|e| {
+            Problem::validation(format!("repository: {e}")).with("field", "repository")
+        })?;
+        // Stored URLs keep the spelling asked for (`.git` or not); the cache key's two
+        // spellings find both.
+        filters.push(Filter::Repository(repo.cache_spellings().to_vec()));
+    }
+    let (items, next_cursor) =
+        listing::page::<AnalysisSummary>(&state.pool, user.user_id, &filters, after, size).await?;
+    Ok(Json(AnalysisPage { items, next_cursor }))
 }
 
 /// The analysis `id` of `user` as a `200` answer, if there is one; a large result waits for its

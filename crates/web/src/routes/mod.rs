@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod analyses;
 pub mod jobs;
+pub mod listing;
 pub mod specviews;
 pub mod system;
 pub mod usage;
@@ -12,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use http::{HeaderValue, StatusCode};
 use queue::{ComposedJob, JobRow, JobState};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
@@ -44,7 +45,7 @@ impl From<JobState> for JobStateName {
 }
 
 /// The state of an analysis or specview record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum WorkState {
     Pending,
@@ -60,6 +61,16 @@ impl WorkState {
             "completed" => WorkState::Completed,
             "failed" => WorkState::Failed,
             _ => WorkState::Pending,
+        }
+    }
+
+    /// The name, as the API and the database's `fairlane_work_state` spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkState::Pending => "pending",
+            WorkState::Running => "running",
+            WorkState::Completed => "completed",
+            WorkState::Failed => "failed",
         }
     }
 }
@@ -200,9 +211,9 @@ pub fn json_response(status: StatusCode, bytes: Vec<u8>) -> Response {
         .into_response()
 }
 
-/// An analysis record.
+/// An analysis record without its result, as a list shows it.
 #[derive(Debug, Clone, Serialize, ToSchema, sqlx::FromRow)]
-pub struct AnalysisView {
+pub struct AnalysisSummary {
     pub id: Uuid,
     /// The normalised repository URL.
     pub repository: String,
@@ -220,13 +231,21 @@ pub struct AnalysisView {
     /// used for it). The caller's own job-filled analysis, returned again for a repeated request,
     /// says `false`: it ran and was billed once, when it was first requested.
     pub cached: bool,
-    /// The test inventory, once completed (written by the analyzer).
-    #[schema(value_type = Option<Object>)]
-    pub result: Option<StoredJson>,
     pub error: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub completed_at: Option<DateTime<Utc>>,
+}
+
+/// An analysis record.
+#[derive(Debug, Clone, Serialize, ToSchema, sqlx::FromRow)]
+pub struct AnalysisView {
+    #[serde(flatten)]
+    #[sqlx(flatten)]
+    pub record: AnalysisSummary,
+    /// The test inventory, once completed (written by the analyzer).
+    #[schema(value_type = Option<Object>)]
+    pub result: Option<StoredJson>,
 }
 
 impl From<String> for WorkState {
@@ -247,7 +266,7 @@ pub const ANALYSIS_COLUMNS: &str = concat!(
     " THEN result::text END AS result"
 );
 
-/// The columns of [`AnalysisView`] but `result`.
+/// The columns of [`AnalysisView`] but `result`: an [`AnalysisSummary`].
 macro_rules! analysis_columns_but_result {
     () => {
         "id, repository, requested_ref, commit, state::text AS state, job_id, \
@@ -302,23 +321,31 @@ pub const ANALYSIS_COLUMNS_WEIGHED: &str = concat!(
 pub const ANALYSIS_COLUMNS_WITHOUT_RESULT: &str =
     concat!(analysis_columns_but_result!(), ", NULL::text AS result");
 
-/// A specview record.
+/// A specview record without its result and Markdown, as a list shows it.
 #[derive(Debug, Clone, Serialize, ToSchema, sqlx::FromRow)]
-pub struct SpecviewView {
+pub struct SpecviewSummary {
     pub id: Uuid,
     pub analysis_id: Uuid,
     #[sqlx(try_from = "String")]
     pub state: WorkState,
     pub job_id: Option<i64>,
+    pub error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub completed_at: Option<DateTime<Utc>>,
+}
+
+/// A specview record.
+#[derive(Debug, Clone, Serialize, ToSchema, sqlx::FromRow)]
+pub struct SpecviewView {
+    #[serde(flatten)]
+    #[sqlx(flatten)]
+    pub record: SpecviewSummary,
     /// The behaviour specification as structured data (written by the specgen worker).
     #[schema(value_type = Option<Object>)]
     pub result: Option<StoredJson>,
     /// The same specification as Markdown (also served with `Accept: text/markdown`).
     pub markdown: Option<String>,
-    pub error: Option<String>,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-    pub completed_at: Option<DateTime<Utc>>,
 }
 
 /// The columns of [`SpecviewView`]; like analyses, results are shown once `completed`.
@@ -329,7 +356,7 @@ pub const SPECVIEW_COLUMNS: &str = concat!(
     " THEN result::text END AS result, CASE WHEN state = 'completed' THEN markdown END AS markdown"
 );
 
-/// The columns of [`SpecviewView`] but `result` and `markdown`.
+/// The columns of [`SpecviewView`] but `result` and `markdown`: a [`SpecviewSummary`].
 macro_rules! specview_columns_but_values {
     () => {
         "id, analysis_id, state::text AS state, job_id, error, created_at, updated_at, \

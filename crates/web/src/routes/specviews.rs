@@ -1,21 +1,23 @@
 //! `POST /v1/specviews` (reserve `specview` quota + specview row + job in one transaction) and
-//! `GET /v1/specviews/{id}` (JSON, or Markdown with `Accept: text/markdown`).
+//! `GET /v1/specviews/{id}` (JSON, or Markdown with `Accept: text/markdown`), and the caller's
+//! list, `GET /v1/specviews`.
 
-use axum::Extension;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
 use http::{HeaderMap, HeaderValue};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+use super::listing::{self, Cursor, Filter};
 use super::{
     JobSummary, MARKDOWN_COLUMNS, MARKDOWN_COLUMNS_WEIGHED, MarkdownRow, SPECVIEW_COLUMNS,
-    SPECVIEW_COLUMNS_WEIGHED, SpecviewView,
+    SPECVIEW_COLUMNS_WEIGHED, SpecviewSummary, SpecviewView, WorkState,
 };
 use crate::auth::AuthUser;
 use crate::enqueue::{EnqueueRequest, Enqueued, NewRecord, enqueue};
-use crate::extract::{ApiJson, IdPath};
+use crate::extract::{ApiJson, ApiQuery, IdPath};
 use crate::middleware::TimeoutWatch;
 use crate::problem::Problem;
 use crate::state::AppState;
@@ -35,6 +37,60 @@ pub struct SpecviewAccepted {
     pub specview_id: Uuid,
     pub analysis_id: Uuid,
     pub job: JobSummary,
+}
+
+/// The query of `GET /v1/specviews`.
+#[derive(Debug, Clone, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListSpecviews {
+    /// Items per page, 1 to 100 (default 20).
+    #[param(minimum = 1, maximum = 100)]
+    pub limit: Option<u32>,
+    /// Where the page starts: the `next_cursor` of the page before (omit for the newest).
+    pub cursor: Option<String>,
+    /// Only records in this state.
+    pub state: Option<WorkState>,
+    /// Only specviews of this analysis.
+    pub analysis_id: Option<Uuid>,
+}
+
+/// A page of the caller's specviews.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SpecviewPage {
+    /// Newest first, without their results (`GET /v1/specviews/{id}` has one).
+    pub items: Vec<SpecviewSummary>,
+    /// The `cursor` of the next page; `null` on the last one.
+    pub next_cursor: Option<String>,
+}
+
+/// The caller's specviews, newest first, a page at a time (as `GET /v1/analyses` lists
+/// analyses).
+#[utoipa::path(
+    get,
+    path = "/v1/specviews",
+    tag = "specviews",
+    params(ListSpecviews),
+    responses((status = 200, description = "A page of the caller's specviews", body = SpecviewPage)),
+    security(("api_key" = []))
+)]
+pub async fn list(
+    State(state): State<AppState>,
+    user: AuthUser,
+    ApiQuery(query): ApiQuery<ListSpecviews>,
+) -> Result<Json<SpecviewPage>, Problem> {
+    let size = listing::page_size(query.limit)?;
+    let after = query.cursor.as_deref().map(Cursor::decode).transpose()?;
+    let filters: Vec<Filter> = [
+        query.state.map(Filter::State),
+        query.analysis_id.map(Filter::Analysis),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let (items, next_cursor) =
+        listing::page::<SpecviewSummary>(&state.pool, user.user_id, &filters, after, size).await?;
+    Ok(Json(SpecviewPage { items, next_cursor }))
 }
 
 /// Enqueue a behaviour specification of a completed analysis (one unit of `specview` quota).

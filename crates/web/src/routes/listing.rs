@@ -1,0 +1,225 @@
+//! Lists of a user's records (`GET /v1/analyses`, `GET /v1/specviews`): newest first, a page at
+//! a time, by keyset on `(created_at, id)` with an opaque cursor naming the last item of the
+//! page before. A page costs one index range scan however deep the list is (an offset would
+//! read and drop every row before it), and records created while a client pages do not shift
+//! or repeat the rows it has still to read.
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use sqlx::postgres::PgRow;
+use uuid::Uuid;
+
+use super::{AnalysisSummary, SpecviewSummary, WorkState};
+use crate::problem::Problem;
+
+/// Items in a page when the request does not say.
+pub const DEFAULT_PAGE_SIZE: u32 = 20;
+/// The most items a page may ask for.
+pub const MAX_PAGE_SIZE: u32 = 100;
+
+/// Where a page ends: its last item's creation time and id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cursor {
+    pub created_at: DateTime<Utc>,
+    pub id: Uuid,
+}
+
+/// The cursor text's version prefix, so its form can change without misreading old cursors.
+const CURSOR_VERSION: &str = "1";
+
+impl Cursor {
+    /// The cursor as the API gives it out: URL-safe base64 of `1.<microseconds>.<id>`.
+    pub fn encode(&self) -> String {
+        URL_SAFE_NO_PAD.encode(format!(
+            "{CURSOR_VERSION}.{}.{}",
+            self.created_at.timestamp_micros(),
+            self.id.simple()
+        ))
+    }
+
+    /// A cursor this API gave out; anything else is a 422 naming the `cursor` parameter.
+    pub fn decode(text: &str) -> Result<Cursor, Problem> {
+        let refused = || {
+            Problem::validation("cursor: not a cursor this API gave out (use `next_cursor` as is)")
+                .with("field", "cursor")
+        };
+        let bytes = URL_SAFE_NO_PAD.decode(text).map_err(|_| refused())?;
+        let text = std::str::from_utf8(&bytes).map_err(|_| refused())?;
+        let mut parts = text.split('.');
+        let (Some(CURSOR_VERSION), Some(micros), Some(id), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(refused());
+        };
+        let micros: i64 = micros.parse().map_err(|_| refused())?;
+        let created_at = DateTime::from_timestamp_micros(micros).ok_or_else(refused)?;
+        // The simple form only, as `encode` writes it: one cursor, one spelling.
+        let id = (id.len() == 32)
+            .then(|| Uuid::try_parse(id).ok())
+            .flatten()
+            .ok_or_else(refused)?;
+        Ok(Cursor { created_at, id })
+    }
+}
+
+/// The page size a request asked for (`limit`), checked: 1 to [`MAX_PAGE_SIZE`].
+pub fn page_size(limit: Option<u32>) -> Result<u32, Problem> {
+    match limit {
+        None => Ok(DEFAULT_PAGE_SIZE),
+        Some(n @ 1..=MAX_PAGE_SIZE) => Ok(n),
+        Some(n) => Err(Problem::validation(format!(
+            "limit: must be between 1 and {MAX_PAGE_SIZE}, got {n}"
+        ))
+        .with("field", "limit")),
+    }
+}
+
+/// A record a list pages through.
+pub trait Listed: for<'r> sqlx::FromRow<'r, PgRow> + Send + Unpin {
+    /// The table, which has `user_id`, `created_at` and `id` and the index
+    /// `(user_id, created_at, id)`.
+    const TABLE: &'static str;
+    /// The `SELECT` list of the type.
+    const COLUMNS: &'static str;
+    fn cursor(&self) -> Cursor;
+}
+
+impl Listed for AnalysisSummary {
+    const TABLE: &'static str = "analyses";
+    const COLUMNS: &'static str = super::analysis_columns_but_result!();
+    fn cursor(&self) -> Cursor {
+        Cursor {
+            created_at: self.created_at,
+            id: self.id,
+        }
+    }
+}
+
+impl Listed for SpecviewSummary {
+    const TABLE: &'static str = "specviews";
+    const COLUMNS: &'static str = super::specview_columns_but_values!();
+    fn cursor(&self) -> Cursor {
+        Cursor {
+            created_at: self.created_at,
+            id: self.id,
+        }
+    }
+}
+
+/// A condition a list's rows must meet besides being the caller's.
+#[derive(Debug, Clone)]
+pub enum Filter {
+    State(WorkState),
+    /// Any of these stored repository URLs (a repository's spellings).
+    Repository(Vec<String>),
+    Analysis(Uuid),
+}
+
+/// One page of `user`'s records of type `T` after `after` (from the newest when `None`), with
+/// the cursor of the next page if there are more.
+pub async fn page<T: Listed>(
+    pool: &PgPool,
+    user: Uuid,
+    filters: &[Filter],
+    after: Option<Cursor>,
+    size: u32,
+) -> Result<(Vec<T>, Option<String>), sqlx::Error> {
+    let mut query = sqlx::QueryBuilder::new(format!(
+        "SELECT {} FROM {} WHERE user_id = ",
+        T::COLUMNS,
+        T::TABLE
+    ));
+    query.push_bind(user);
+    for filter in filters {
+        match filter {
+            Filter::State(state) => {
+                query
+                    .push(" AND state = ")
+                    .push_bind(state.as_str())
+                    .push("::fairlane_work_state");
+            }
+            Filter::Repository(spellings) => {
+                query
+                    .push(" AND repository = ANY (")
+                    .push_bind(spellings.clone())
+                    .push(")");
+            }
+            Filter::Analysis(id) => {
+                query.push(" AND analysis_id = ").push_bind(*id);
+            }
+        }
+    }
+    if let Some(after) = after {
+        query
+            .push(" AND (created_at, id) < (")
+            .push_bind(after.created_at)
+            .push(", ")
+            .push_bind(after.id)
+            .push(")");
+    }
+    // One row more than the page: whether there is a next page, without a count.
+    query
+        .push(" ORDER BY created_at DESC, id DESC LIMIT ")
+        .push_bind(i64::from(size) + 1);
+    let mut rows: Vec<T> = query.build_query_as().fetch_all(pool).await?;
+    let more = rows.len() > size as usize;
+    rows.truncate(size as usize);
+    let next = if more {
+        rows.last().map(|last| last.cursor().encode())
+    } else {
+        None
+    };
+    Ok((rows, next))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cursor_reads_back_as_written() {
+        let cursor = Cursor {
+            created_at: DateTime::from_timestamp_micros(1_795_000_000_123_456).unwrap(),
+            id: Uuid::now_v7(),
+        };
+        let text = cursor.encode();
+        assert!(
+            text.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
+            "{text}"
+        );
+        assert_eq!(Cursor::decode(&text).unwrap(), cursor);
+    }
+
+    #[test]
+    fn anything_else_is_refused_by_name() {
+        let id = Uuid::now_v7();
+        for text in [
+            String::new(),
+            "not base64!".to_owned(),
+            URL_SAFE_NO_PAD.encode("2.1.".to_owned() + &id.simple().to_string()),
+            URL_SAFE_NO_PAD.encode(format!("1.x.{}", id.simple())),
+            URL_SAFE_NO_PAD.encode(format!("1.1.{}", id.hyphenated())),
+            URL_SAFE_NO_PAD.encode(format!("1.1.{}.x", id.simple())),
+            URL_SAFE_NO_PAD.encode(format!("1.{}.{}", i64::MAX, id.simple())),
+            URL_SAFE_NO_PAD.encode([0xff, 0xfe]),
+        ] {
+            let problem = Cursor::decode(&text).unwrap_err();
+            assert_eq!(problem.code(), "validation_failed", "{text}");
+            assert_eq!(problem.body()["field"], "cursor", "{text}");
+        }
+    }
+
+    #[test]
+    fn page_sizes_are_bounded() {
+        assert_eq!(page_size(None).unwrap(), DEFAULT_PAGE_SIZE);
+        assert_eq!(page_size(Some(1)).unwrap(), 1);
+        assert_eq!(page_size(Some(MAX_PAGE_SIZE)).unwrap(), MAX_PAGE_SIZE);
+        for n in [0, MAX_PAGE_SIZE + 1, u32::MAX] {
+            let problem = page_size(Some(n)).unwrap_err();
+            assert_eq!(problem.body()["field"], "limit");
+        }
+    }
+}
