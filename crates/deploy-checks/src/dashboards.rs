@@ -185,26 +185,33 @@ pub fn unscoped_selectors(
 ) -> Result<Vec<String>, crate::promql::PromqlError> {
     let (label, op, value) = NAMESPACE_MATCHER;
     let mut queries = expressions(dashboard);
+    let mut unscoped_forms = Vec::new();
     for var in dashboard["templating"]["list"]
         .as_array()
         .into_iter()
         .flatten()
     {
-        let query = var["query"]["query"].as_str().or(var["query"].as_str());
-        if let Some(inner) = query
-            .and_then(|q| q.strip_prefix("label_values("))
+        // The namespace variable lists the namespaces; it cannot be scoped by itself. Other
+        // kinds (custom, interval, …) query nothing.
+        if var["type"] != "query" || var["name"] == "namespace" {
+            continue;
+        }
+        let place = format!("variable {}", var["name"].as_str().unwrap_or("?"));
+        let query = var["query"]["query"]
+            .as_str()
+            .or(var["query"].as_str())
+            .unwrap_or_default();
+        match query
+            .strip_prefix("label_values(")
             .and_then(|q| q.strip_suffix(')'))
-            && let Some((metric, _)) = inner.rsplit_once(',')
-            // The namespace variable lists the namespaces; it cannot be scoped by itself.
-            && var["name"] != "namespace"
+            .and_then(|inner| inner.rsplit_once(','))
         {
-            queries.push((
-                format!("variable {}", var["name"].as_str().unwrap_or("?")),
-                metric.trim().to_owned(),
-            ));
+            Some((metric, _)) => queries.push((place, metric.trim().to_owned())),
+            // `label_values(label)`, `query_result(…)`, …: not read here, so not passed.
+            None => unscoped_forms.push(format!("«{place}»: a query form not checked: {query}")),
         }
     }
-    let mut unscoped = Vec::new();
+    let mut unscoped = unscoped_forms;
     for (place, query) in queries {
         let selectors = crate::promql::selectors(&query)?;
         if selectors
@@ -287,12 +294,16 @@ mod tests {
     fn a_selector_without_the_namespace_matcher_is_found() {
         let dashboard = serde_json::json!({
             "templating": {"list": [
-                {"name": "namespace", "query": {"query": "label_values(up, namespace)"}},
-                {"name": "queue", "query": {"query": "label_values(fairlane_workers_max, queue)"}}
+                {"name": "namespace", "type": "query",
+                 "query": {"query": "label_values(up, namespace)"}},
+                {"name": "queue", "type": "query",
+                 "query": {"query": "label_values(fairlane_workers_max, queue)"}},
+                {"name": "kind", "type": "query", "query": {"query": "label_values(kind)"}},
+                {"name": "step", "type": "interval", "query": "1m,5m"}
             ]},
             "panels": [
                 {"title": "scoped", "targets": [
-                    {"expr": "sum(a{namespace=~\"$namespace\"}) / sum(b{namespace=~\"$namespace\", q=\"x\"})"}
+                    {"expr": "sum(a{namespace=~\"$namespace\"}) / sum(b{namespace=~\"$namespace\", q=\"x\"}) > Inf or NaN"}
                 ]},
                 {"title": "row", "panels": [
                     {"title": "half", "targets": [
@@ -305,6 +316,7 @@ mod tests {
         assert_eq!(
             unscoped,
             vec![
+                "«variable kind»: a query form not checked: label_values(kind)".to_owned(),
                 "«half»: a{namespace=~\"$namespace\"} / b{namespace=\"$namespace\"}".to_owned(),
                 "«variable queue»: fairlane_workers_max".to_owned(),
             ]

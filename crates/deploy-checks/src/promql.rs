@@ -226,7 +226,9 @@ fn walk(tokens: &[Token]) -> Walked {
                     Some(Token::Ident(next)) => next == "by" || next == "without",
                     _ => false,
                 };
-                if !is_call && !KEYWORDS.contains(&word.as_str()) {
+                // `Inf` and `NaN` are numbers, in any case.
+                let is_number = ["inf", "nan"].contains(&word.to_ascii_lowercase().as_str());
+                if !is_call && !is_number && !KEYWORDS.contains(&word.as_str()) {
                     let mut matchers_of_metric = Vec::new();
                     if tokens.get(i + 1) == Some(&Token::Punct('{')) {
                         i += 1;
@@ -312,7 +314,7 @@ mod tests {
                 .unwrap();
         assert_eq!(n.metrics, set(&["m"]));
         assert_eq!(n.labels, set(&["a", "b"]));
-        let n = names("vector(1) * 1e3").unwrap();
+        let n = names("vector(1) * 1e3 > Inf or -inf < NaN").unwrap();
         assert!(n.metrics.is_empty() && n.labels.is_empty());
     }
 
