@@ -10,3 +10,7 @@ CREATE INDEX analyses_user_recency ON analyses (user_id, created_at, id);
 CREATE INDEX specviews_user_recency ON specviews (user_id, created_at, id);
 -- Replaced: the index above serves everything it did.
 DROP INDEX specviews_user;
+-- An analysis's specviews: the list's `analysis_id` filter, a request for a specview of an
+-- analysis that has one in flight (answered with it), and the cascade when an analysis is
+-- deleted, which had to read every specview to find its own.
+CREATE INDEX specviews_analysis ON specviews (analysis_id, created_at, id);

@@ -135,8 +135,9 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
 }
 
 /// The query string's parameters as `T` (which should deny unknown fields): a parameter that is
-/// unknown, given twice, of the wrong type or not percent-decodable to UTF-8 is a 422
-/// `validation_failed` naming it; nothing is looked up.
+/// unknown, given twice or of the wrong type is a 422 `validation_failed` naming it; nothing is
+/// looked up. Values are form-decoded: `+` is a space, and percent-escapes that are not UTF-8
+/// become U+FFFD (a value holding a `+`, `&` or `#`, such as a URL, must be percent-encoded).
 #[derive(Debug, Clone)]
 pub struct ApiQuery<T>(pub T);
 

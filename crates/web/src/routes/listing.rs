@@ -29,6 +29,10 @@ pub struct Cursor {
 /// The cursor text's version prefix, so its form can change without misreading old cursors.
 const CURSOR_VERSION: &str = "1";
 
+/// The latest time a cursor may name: 9999-12-31T23:59:59.999999Z, in microseconds since the
+/// epoch. The earliest is the epoch.
+const MAX_CURSOR_MICROS: i64 = 253_402_300_799_999_999;
+
 impl Cursor {
     /// The cursor as the API gives it out: URL-safe base64 of `1.<microseconds>.<id>`.
     pub fn encode(&self) -> String {
@@ -54,13 +58,20 @@ impl Cursor {
             return Err(refused());
         };
         let micros: i64 = micros.parse().map_err(|_| refused())?;
+        // Within what a record's `created_at` can be: a time PostgreSQL cannot hold would be
+        // refused by the database, a 500 for a made-up cursor.
+        if !(0..=MAX_CURSOR_MICROS).contains(&micros) {
+            return Err(refused());
+        }
         let created_at = DateTime::from_timestamp_micros(micros).ok_or_else(refused)?;
-        // The simple form only, as `encode` writes it: one cursor, one spelling.
-        let id = (id.len() == 32)
-            .then(|| Uuid::try_parse(id).ok())
-            .flatten()
-            .ok_or_else(refused)?;
-        Ok(Cursor { created_at, id })
+        let id = Uuid::try_parse(id).map_err(|_| refused())?;
+        let cursor = Cursor { created_at, id };
+        // Only as `encode` writes it (no `+5`, `005`, hyphens or upper case): one cursor, one
+        // spelling.
+        if cursor.encode() != URL_SAFE_NO_PAD.encode(text) {
+            return Err(refused());
+        }
+        Ok(cursor)
     }
 }
 
@@ -191,6 +202,13 @@ mod tests {
             "{text}"
         );
         assert_eq!(Cursor::decode(&text).unwrap(), cursor);
+        for micros in [0, MAX_CURSOR_MICROS] {
+            let edge = Cursor {
+                created_at: DateTime::from_timestamp_micros(micros).unwrap(),
+                id: Uuid::nil(),
+            };
+            assert_eq!(Cursor::decode(&edge.encode()).unwrap(), edge);
+        }
     }
 
     #[test]
@@ -204,6 +222,13 @@ mod tests {
             URL_SAFE_NO_PAD.encode(format!("1.1.{}", id.hyphenated())),
             URL_SAFE_NO_PAD.encode(format!("1.1.{}.x", id.simple())),
             URL_SAFE_NO_PAD.encode(format!("1.{}.{}", i64::MAX, id.simple())),
+            // Times PostgreSQL cannot hold, and other spellings of a good cursor.
+            URL_SAFE_NO_PAD.encode(format!("1.-300000000000000000.{}", id.simple())),
+            URL_SAFE_NO_PAD.encode(format!("1.-1.{}", id.simple())),
+            URL_SAFE_NO_PAD.encode(format!("1.{}.{}", MAX_CURSOR_MICROS + 1, id.simple())),
+            URL_SAFE_NO_PAD.encode(format!("1.+5.{}", id.simple())),
+            URL_SAFE_NO_PAD.encode(format!("1.05.{}", id.simple())),
+            URL_SAFE_NO_PAD.encode(format!("1.5.{}", id.simple().to_string().to_uppercase())),
             URL_SAFE_NO_PAD.encode([0xff, 0xfe]),
         ] {
             let problem = Cursor::decode(&text).unwrap_err();
