@@ -72,8 +72,9 @@ pub struct EnqueueRequest {
 /// What became of a request.
 #[derive(Debug, Clone)]
 pub enum Enqueued {
-    /// The same repository and commit were already analysed: a completed record, no job, no
-    /// quota.
+    /// The same repository and commit were already analysed (a completed record: the caller's,
+    /// or a copy of another's), or the caller's own analysis of them is still in flight (a
+    /// `pending` or `running` record and its job): no new job, no quota.
     Cached(AnalysisView),
     /// The job, enqueued with its reservation and record.
     Accepted(ComposedJob),
@@ -489,7 +490,9 @@ struct BatchRead {
 /// earlier lock holders committed, as the quota check needs): the standings of `plan`
 /// ([`quota::standings_cte`]) and, for each analysis request, the caller's own completed
 /// analysis of the repository at the commit, or else a copy of anyone's (the inventory of a
-/// public commit is the same for everybody) made for the caller in the same statement. The
+/// public commit is the same for everybody) made for the caller in the same statement, or else
+/// the caller's own analysis of it still in flight (`pending` or `running`: a request sent
+/// again, after a timeout say, gets the job it started instead of a second, billed one). The
 /// repository is matched by its cache key, so an analysis of `…/o/r.git` serves `…/o/r`; the
 /// copy stores the caller's spelling, its result the one that was fetched. The two
 /// row sets come back side by side (`FULL JOIN … ON false`), each row filled from one of them.
@@ -608,6 +611,17 @@ fn cached_and_standings_sql() -> &'static str {
                                  AND e.keyed_bare = i.keyed_bare AND e.commit = i.commit \
                                  AND e.ord < i.ord) \
                ORDER BY i.ord, a.completed_at DESC \
+             ), in_flight AS ( \
+               SELECT DISTINCT ON (i.ord) i.ord, a.id AS own_id FROM input i \
+               JOIN analyses a ON a.user_id = i.user_id \
+                              AND a.repository = ANY (ARRAY[i.keyed_bare, i.keyed_git]) \
+                              AND a.commit = i.commit AND a.state IN ('pending', 'running') \
+               WHERE NOT EXISTS (SELECT 1 FROM own o WHERE o.ord = i.ord) \
+                 AND NOT EXISTS (SELECT 1 FROM analyses c \
+                                 WHERE c.repository = ANY (ARRAY[i.keyed_bare, i.keyed_git]) \
+                                   AND c.commit = i.commit \
+                                   AND c.state = 'completed' AND c.cached_from IS NULL) \
+               ORDER BY i.ord, a.created_at DESC \
              ), copied AS ( \
                INSERT INTO analyses (id, user_id, repository, requested_ref, commit, state, \
                                      cached_from, result, completed_at) \
@@ -623,6 +637,9 @@ fn cached_and_standings_sql() -> &'static str {
                           AND source.commit = i.commit \
                JOIN copied ON copied.id = source.copy_id \
                WHERE NOT EXISTS (SELECT 1 FROM own o WHERE o.ord = i.ord) \
+               UNION ALL \
+               SELECT in_flight.ord, {ANALYSIS_COLUMNS_WITHOUT_RESULT} FROM in_flight \
+               JOIN analyses ON analyses.id = in_flight.own_id \
              ), {standings} \
              SELECT s.ord AS standing_ord, s.tier AS standing_tier, s.used AS standing_used, \
                     s.reserved AS standing_reserved, s.read_at AS standing_read_at, h.* \

@@ -14,8 +14,8 @@ use http::Method;
 use queue::{Client, Engine, EngineConfig, QueueName, Workers};
 use serde_json::{Value, json};
 use support::{
-    ADMIN_TOKEN, Resp, TestServer, analysis_body, config, count, hold_user_row, sha, user_with_key,
-    written_rows,
+    ADMIN_TOKEN, Resp, TestServer, analysis_body, config, count, hold_user_row, seed_usage, sha,
+    user_with_key, written_rows,
 };
 use testkit::TestDb;
 use tokio_util::sync::CancellationToken;
@@ -1421,12 +1421,16 @@ async fn specviews_need_a_completed_analysis_and_serve_markdown() {
         )
         .await
         .problem(404, "not_found");
-    // The free tier's five specviews: four more fit, the sixth does not.
+    // The free tier's five specviews: four more fit, the sixth does not. Each is marked done
+    // before the next (its reservation stays): one still in flight would be the answer.
     for _ in 0..4 {
-        assert_eq!(
-            s.http.post_json("/v1/specviews", &key, &body).await.status,
-            202
-        );
+        let r = s.http.post_json("/v1/specviews", &key, &body).await;
+        assert_eq!(r.status, 202, "{}", r.text());
+        sqlx::query("UPDATE specviews SET state = 'completed' WHERE id = $1::uuid")
+            .bind(r.json()["specview_id"].as_str().unwrap())
+            .execute(&db.pool)
+            .await
+            .unwrap();
     }
     let refused = s.http.post_json("/v1/specviews", &key, &body).await;
     let p = refused.problem(429, "quota_exceeded");
@@ -2367,20 +2371,27 @@ async fn the_callers_records_are_listed_newest_first_a_page_at_a_time() {
     by_id.reverse();
     assert_eq!(ids, by_id);
 
-    // Specviews: of a completed analysis of the caller's, filtered by analysis.
-    sqlx::query("UPDATE analyses SET state = 'completed', result = '{}' WHERE id = $1::uuid")
-        .bind(&created[0])
-        .execute(&db.pool)
-        .await
-        .unwrap();
+    // Specviews: of completed analyses of the caller's, filtered by analysis.
     let mut specviews = Vec::new();
-    for _ in 0..3 {
+    for analysis in [&created[0], &created[2], &created[0]] {
+        sqlx::query("UPDATE analyses SET state = 'completed', result = '{}' WHERE id = $1::uuid")
+            .bind(analysis)
+            .execute(&db.pool)
+            .await
+            .unwrap();
         let r = s
             .http
-            .post_json("/v1/specviews", &alice, &json!({"analysis_id": created[0]}))
+            .post_json("/v1/specviews", &alice, &json!({"analysis_id": analysis}))
             .await;
         assert_eq!(r.status, 202, "{}", r.text());
-        specviews.push(r.json()["specview_id"].as_str().unwrap().to_owned());
+        let id = r.json()["specview_id"].as_str().unwrap().to_owned();
+        // Done, so the next request for its analysis makes a new one.
+        sqlx::query("UPDATE specviews SET state = 'completed' WHERE id = $1::uuid")
+            .bind(&id)
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        specviews.push(id);
     }
     specviews.reverse();
     let (ids, pages) = all_pages(&s.http, "/v1/specviews?limit=2", &alice).await;
@@ -2388,20 +2399,21 @@ async fn the_callers_records_are_listed_newest_first_a_page_at_a_time() {
     let (ids, _) = all_pages(
         &s.http,
         &format!(
-            "/v1/specviews?limit=2&state=pending&analysis_id={}",
+            "/v1/specviews?limit=1&state=completed&analysis_id={}",
             created[0]
         ),
         &alice,
     )
     .await;
-    assert_eq!(ids, specviews);
-    let (ids, _) = all_pages(
-        &s.http,
-        &format!("/v1/specviews?limit=2&analysis_id={}", created[1]),
-        &alice,
-    )
-    .await;
-    assert!(ids.is_empty());
+    assert_eq!(ids, vec![specviews[0].clone(), specviews[2].clone()]);
+    for (query, found) in [
+        (format!("analysis_id={}", created[1]), 0),
+        (format!("analysis_id={}&state=pending", created[0]), 0),
+        (format!("analysis_id={}", created[2]), 1),
+    ] {
+        let (ids, _) = all_pages(&s.http, &format!("/v1/specviews?{query}"), &alice).await;
+        assert_eq!(ids.len(), found, "{query}");
+    }
     let (ids, _) = all_pages(&s.http, "/v1/specviews?limit=2", &bob).await;
     assert!(ids.is_empty());
 
@@ -2430,5 +2442,114 @@ async fn the_callers_records_are_listed_newest_first_a_page_at_a_time() {
         .get("/v1/analyses", "not-a-key")
         .await
         .problem(401, "unauthorized");
+    s.stop().await;
+}
+
+/// A request sent again while the work it started is in flight (`pending` or `running`), as a
+/// client does after a timeout, gets that work and its job: no second job, no second
+/// reservation, and no `quota_exceeded` for a user whose one remaining unit it holds. Either
+/// spelling of the repository finds it. Once it has failed, the request enqueues anew; once
+/// another user's original of the commit is completed, the cache answers instead.
+#[tokio::test]
+async fn a_request_sent_again_while_its_work_is_in_flight_gets_the_same_job() {
+    let db = TestDb::new().await;
+    let s = start(&db).await;
+    let (user, key) = user_with_key(&db.pool, "free").await;
+    // The free tier's 50 analyses: one left.
+    seed_usage(&db.pool, user, "analysis", 49).await;
+    let first = s
+        .http
+        .post_json("/v1/analyses", &key, &analysis_body(1))
+        .await;
+    assert_eq!(first.status, 202, "{}", first.text());
+    let first = first.json();
+    for body in [
+        analysis_body(1),
+        json!({"repository": "https://github.com/fairlane-test/fixture", "ref": sha(1)}),
+    ] {
+        let again = s.http.post_json("/v1/analyses", &key, &body).await;
+        assert_eq!(again.status, 202, "{}", again.text());
+        let job = first["job"]["id"].as_i64().unwrap();
+        assert_eq!(
+            again.header("location"),
+            Some(format!("/v1/jobs/{job}").as_str())
+        );
+        let again = again.json();
+        assert_eq!(again["analysis_id"], first["analysis_id"]);
+        assert_eq!(again["job"], first["job"]);
+        assert_eq!(again["commit"], sha(1));
+    }
+    assert_eq!(count(&db.pool, "fairlane_job").await, 1);
+    assert_eq!(count(&db.pool, "quota_reservations").await, 1);
+    assert_eq!(count(&db.pool, "analyses").await, 1);
+    // Another commit needs a unit of its own, and none is left.
+    s.http
+        .post_json("/v1/analyses", &key, &analysis_body(2))
+        .await
+        .problem(429, "quota_exceeded");
+
+    // Running counts as in flight too.
+    sqlx::query("UPDATE analyses SET state = 'running'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let again = s
+        .http
+        .post_json("/v1/analyses", &key, &analysis_body(1))
+        .await;
+    assert_eq!(again.json()["analysis_id"], first["analysis_id"]);
+
+    // Cancelled while waiting: failed, its unit released; the request enqueues anew.
+    let job = first["job"]["id"].as_i64().unwrap();
+    sqlx::query("UPDATE analyses SET state = 'pending'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let cancelled = s.http.delete(&format!("/v1/jobs/{job}"), &key).await;
+    assert_eq!(cancelled.json()["cancellation"], "cancelled");
+    let anew = s
+        .http
+        .post_json("/v1/analyses", &key, &analysis_body(1))
+        .await;
+    assert_eq!(anew.status, 202, "{}", anew.text());
+    let anew = anew.json();
+    assert_ne!(anew["analysis_id"], first["analysis_id"]);
+    assert_ne!(anew["job"]["id"], first["job"]["id"]);
+    assert_eq!(count(&db.pool, "fairlane_job").await, 2);
+
+    // Another user's completed original of the commit: the cache answers (200, a copy), even
+    // with this user's own analysis of it in flight.
+    let (other, _) = user_with_key(&db.pool, "pro").await;
+    completed_analysis(
+        &db.pool,
+        other,
+        "https://github.com/fairlane-test/fixture.git",
+        &sha(1),
+    )
+    .await;
+    let cached = s
+        .http
+        .post_json("/v1/analyses", &key, &analysis_body(1))
+        .await;
+    assert_eq!(cached.status, 200, "{}", cached.text());
+    assert_eq!(cached.json()["cached"], true);
+
+    // Specviews: one of an analysis in flight is the answer to another request for it.
+    let analysis = cached.json()["id"].as_str().unwrap().to_owned();
+    let body = json!({"analysis_id": analysis});
+    let first = s.http.post_json("/v1/specviews", &key, &body).await;
+    assert_eq!(first.status, 202, "{}", first.text());
+    let again = s.http.post_json("/v1/specviews", &key, &body).await;
+    assert_eq!(again.status, 202, "{}", again.text());
+    assert_eq!(again.json()["specview_id"], first.json()["specview_id"]);
+    assert_eq!(again.json()["job"], first.json()["job"]);
+    let (specviews, reservations): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM specviews), \
+                (SELECT count(*) FROM quota_reservations WHERE event_type = 'specview')",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!((specviews, reservations), (1, 1));
     s.stop().await;
 }

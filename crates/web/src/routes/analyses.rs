@@ -137,9 +137,11 @@ async fn resolve_commit(
 /// Enqueue an analysis of a repository at a ref.
 ///
 /// Cache-first: if this repository was already analysed at the same commit, the stored result is
-/// returned with `200` and no job is created, no quota reserved or billed. Otherwise one unit of
-/// `analysis` quota is reserved and a job is enqueued (`202`); the unit is billed only when the
-/// job completes.
+/// returned with `200` and no job is created, no quota reserved or billed. If the caller's own
+/// analysis of it is still in flight, that one and its job are the answer (`202`), so a request
+/// sent again after a timeout starts no second, billed job. Otherwise one unit of `analysis`
+/// quota is reserved and a job is enqueued (`202`); the unit is billed only when the job
+/// completes.
 #[utoipa::path(
     post,
     path = "/v1/analyses",
@@ -147,7 +149,7 @@ async fn resolve_commit(
     request_body = CreateAnalysis,
     responses(
         (status = 200, description = "This commit was analysed already: the caller's own earlier analysis, or a copy of another's (`cached: true`); no job started, no quota used", body = AnalysisView),
-        (status = 202, description = "Job enqueued", body = AnalysisAccepted,
+        (status = 202, description = "Job enqueued; or the caller's own analysis of this commit is still in flight, and this is it and its job (nothing new enqueued or reserved)", body = AnalysisAccepted,
             headers(("Location" = String, description = "The job's URL"))),
     ),
     security(("api_key" = []))
@@ -191,6 +193,21 @@ pub async fn create(
         Enqueued::Cached(view) => {
             if let Some(Extension(watch)) = &after_commit {
                 watch.outcome_unknown();
+            }
+            // The caller's own analysis of this commit, still in flight: its job, as the
+            // request that started it was answered.
+            if matches!(view.record.state, WorkState::Pending | WorkState::Running)
+                && let Some(job_id) = view.record.job_id
+                && let Some(job) = super::owned_job_summary(&state, job_id, user.user_id).await?
+            {
+                return Ok(super::accepted_job(
+                    AnalysisAccepted {
+                        analysis_id: view.record.id,
+                        commit: view.record.commit,
+                        job,
+                    },
+                    job_id,
+                ));
             }
             let committed = |e: &dyn std::fmt::Display| {
                 Problem::committed_unread(e, "analysis (served from the cache)")

@@ -408,6 +408,25 @@ pub const MARKDOWN_COLUMNS_WEIGHED: &str = concat!(
     ") THEN octet_length(markdown)::bigint END AS large_text_bytes"
 );
 
+/// The summary of `user`'s job `id`, if it still exists.
+pub async fn owned_job_summary(
+    state: &crate::state::AppState,
+    id: i64,
+    user: Uuid,
+) -> Result<Option<JobSummary>, sqlx::Error> {
+    let row: Option<JobRow> =
+        sqlx::query_as("SELECT * FROM fairlane_job WHERE id = $1 AND user_id = $2")
+            .bind(id)
+            .bind(user)
+            .fetch_optional(&state.pool)
+            .await?;
+    Ok(row.map(|job| JobSummary {
+        id: job.id,
+        state: job.state.into(),
+        queue: job.queue,
+    }))
+}
+
 /// `202 Accepted` with `body` and a `Location` header naming the enqueued job's URL.
 pub fn accepted_job(body: impl Serialize, job_id: i64) -> Response {
     let mut response = (StatusCode::ACCEPTED, Json(body)).into_response();

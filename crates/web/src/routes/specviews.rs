@@ -94,13 +94,16 @@ pub async fn list(
 }
 
 /// Enqueue a behaviour specification of a completed analysis (one unit of `specview` quota).
+///
+/// If the caller already has a specview of this analysis in flight (`pending` or `running`),
+/// that one and its job are the answer: nothing new is enqueued or reserved.
 #[utoipa::path(
     post,
     path = "/v1/specviews",
     tag = "specviews",
     request_body = CreateSpecview,
     responses(
-        (status = 202, description = "Job enqueued", body = SpecviewAccepted,
+        (status = 202, description = "Job enqueued; or the caller's own specview of this analysis is still in flight, and this is it and its job (nothing new enqueued or reserved)", body = SpecviewAccepted,
             headers(("Location" = String, description = "The job's URL"))),
     ),
     security(("api_key" = []))
@@ -111,12 +114,20 @@ pub async fn create(
     watch: Option<Extension<TimeoutWatch>>,
     ApiJson(body): ApiJson<CreateSpecview>,
 ) -> Result<Response, Problem> {
-    let analysis: Option<(String,)> =
-        sqlx::query_as("SELECT state::text FROM analyses WHERE id = $1 AND user_id = $2")
-            .bind(body.analysis_id)
-            .bind(user.user_id)
-            .fetch_optional(&state.pool)
-            .await?;
+    // The analysis, and the caller's newest specview of it still in flight, if any.
+    let analysis: Option<(String, Option<Uuid>, Option<i64>)> = sqlx::query_as(
+        "SELECT a.state::text, s.id, s.job_id FROM analyses a \
+         LEFT JOIN LATERAL ( \
+           SELECT id, job_id FROM specviews \
+           WHERE analysis_id = a.id AND user_id = a.user_id AND state IN ('pending', 'running') \
+           ORDER BY created_at DESC, id DESC LIMIT 1 \
+         ) s ON true \
+         WHERE a.id = $1 AND a.user_id = $2",
+    )
+    .bind(body.analysis_id)
+    .bind(user.user_id)
+    .fetch_optional(&state.pool)
+    .await?;
     match analysis {
         None => {
             return Err(Problem::not_found(format!(
@@ -124,11 +135,25 @@ pub async fn create(
                 body.analysis_id
             )));
         }
-        Some((s,)) if s != "completed" => {
+        Some((s, _, _)) if s != "completed" => {
             return Err(Problem::conflict(format!(
                 "analysis `{}` is {s}; a specview needs a completed analysis",
                 body.analysis_id
             )));
+        }
+        // A request sent again (after a timeout, say) gets the job it started, not a second,
+        // billed one. Requests sent at once may both enqueue: this is no lock.
+        Some((_, Some(specview_id), Some(job_id))) => {
+            if let Some(job) = super::owned_job_summary(&state, job_id, user.user_id).await? {
+                return Ok(super::accepted_job(
+                    SpecviewAccepted {
+                        specview_id,
+                        analysis_id: body.analysis_id,
+                        job,
+                    },
+                    job_id,
+                ));
+            }
         }
         Some(_) => {}
     }
