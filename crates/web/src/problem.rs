@@ -158,6 +158,51 @@ pub struct ProblemBody {
     /// Stable machine-readable error code.
     #[schema(example = "validation_failed")]
     pub code: String,
+    /// The request member or parameter at fault, where there is one (`validation_failed`, the
+    /// repository and ref codes, `dns_unavailable`; some validation failures name it in
+    /// `detail` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// `conflict` about a record: its state (`pending` or `running`: wait; `failed`: it never
+    /// will be completed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// `quota_exceeded`: the event type (`analysis`, `specview`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event_type: Option<String>,
+    /// `quota_exceeded`: the caller's tier.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tier: Option<String>,
+    /// `quota_exceeded`: units used in the billing period.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub used: Option<i64>,
+    /// `quota_exceeded`: units reserved by jobs not yet finished.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserved: Option<i64>,
+    /// `quota_exceeded`: units this request asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requested: Option<i64>,
+    /// `quota_exceeded`: the period's limit; `rate_limited`: the rule's requests per window.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<i64>,
+    /// `quota_exceeded`: the billing period's start (RFC 3339).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub period_start: Option<String>,
+    /// `quota_exceeded`: the billing period's end (RFC 3339), when units are available again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub period_end: Option<String>,
+    /// `rate_limited`: seconds until a request can succeed (as `Retry-After`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after: Option<i64>,
+    /// The analysis a `commit_outcome_unknown` or `committed_unread` answer is about.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub analysis_id: Option<String>,
+    /// The specview a `commit_outcome_unknown` answer is about.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub specview_id: Option<String>,
+    /// The job a `commit_outcome_unknown` answer to a cancel is about.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub job_id: Option<i64>,
 }
 
 impl Problem {
@@ -256,6 +301,14 @@ impl IntoResponse for Problem {
             if let Some(name) = name {
                 response.headers_mut().insert(name, value);
             }
+        }
+        // Every 503 says when to try again (the API document promises it): a second unless
+        // the problem knows better.
+        if inner.status == StatusCode::SERVICE_UNAVAILABLE {
+            response
+                .headers_mut()
+                .entry(http::header::RETRY_AFTER)
+                .or_insert(HeaderValue::from_static("1"));
         }
         response
     }
@@ -387,6 +440,29 @@ mod tests {
         assert_eq!(b["type"], "/docs#problem-validation_failed");
         assert_eq!(b["field"], "repository");
         assert!(!b["title"].as_str().unwrap().is_empty());
+    }
+
+    /// The API document promises `Retry-After` on every 503: one the problem sets stays, and
+    /// the others say a second.
+    #[test]
+    fn every_503_says_when_to_try_again() {
+        let answer = |p: Problem| {
+            let r = p.into_response();
+            r.headers()
+                .get(http::header::RETRY_AFTER)
+                .map(|v| v.to_str().unwrap().to_owned())
+        };
+        assert_eq!(
+            answer(Problem::database_unavailable()).as_deref(),
+            Some("5")
+        );
+        assert_eq!(
+            answer(Problem::commit_outcome_unknown(&"lost")).as_deref(),
+            Some("1")
+        );
+        let timeout = Problem::new(StatusCode::SERVICE_UNAVAILABLE, "timeout", "took too long");
+        assert_eq!(answer(timeout).as_deref(), Some("1"));
+        assert_eq!(answer(Problem::validation("no")), None);
     }
 
     #[test]

@@ -115,6 +115,9 @@ async fn another_users_job_and_analysis_are_not_found() {
     assert_eq!(view["attempt"], 0);
     assert!(view["created_at"].is_string());
     assert!(view["result"].is_null() && view["last_error"].is_null());
+    // The job names the record it fills, which outlives it.
+    assert_eq!(view["analysis_id"], analysis.as_str());
+    assert!(view["specview_id"].is_null());
 
     s.http
         .get(&format!("/v1/jobs/{job}"), &bob)
@@ -867,7 +870,7 @@ async fn a_cancel_whose_commit_fails_is_answered_with_the_job_to_look_up() {
     }
     let r = s.http.delete(&format!("/v1/jobs/{job_id}"), &key).await;
     let body = r.problem(503, "commit_outcome_unknown");
-    assert_eq!(body["job_id"], job_id.to_string());
+    assert_eq!(body["job_id"], job_id);
     assert!(
         !body["detail"].as_str().unwrap().contains("trigger"),
         "{body}"
@@ -1327,10 +1330,37 @@ async fn specviews_need_a_completed_analysis_and_serve_markdown() {
         .json();
     let analysis = created["analysis_id"].as_str().unwrap().to_owned();
     let body = json!({"analysis_id": analysis});
-    s.http
+    let waiting = s
+        .http
         .post_json("/v1/specviews", &key, &body)
         .await
         .problem(409, "conflict");
+    assert_eq!(waiting["state"], "pending");
+    // A failed analysis never will be completed, and the answer says so.
+    let failed = s
+        .http
+        .post_json("/v1/analyses", &key, &analysis_body(10))
+        .await
+        .json();
+    sqlx::query("UPDATE analyses SET state = 'failed' WHERE id = $1::uuid")
+        .bind(failed["analysis_id"].as_str().unwrap())
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let never = s
+        .http
+        .post_json(
+            "/v1/specviews",
+            &key,
+            &json!({"analysis_id": failed["analysis_id"]}),
+        )
+        .await
+        .problem(409, "conflict");
+    assert_eq!(never["state"], "failed");
+    assert!(
+        never["detail"].as_str().unwrap().contains("failed"),
+        "{never}"
+    );
     s.http
         .post_json("/v1/specviews", &other, &body)
         .await
@@ -2551,5 +2581,16 @@ async fn a_request_sent_again_while_its_work_is_in_flight_gets_the_same_job() {
     .await
     .unwrap();
     assert_eq!((specviews, reservations), (1, 1));
+    let job = s
+        .http
+        .get(
+            &format!("/v1/jobs/{}", first.json()["job"]["id"].as_i64().unwrap()),
+            &key,
+        )
+        .await
+        .json();
+    assert_eq!(job["kind"], "specview");
+    assert_eq!(job["specview_id"], first.json()["specview_id"]);
+    assert_eq!(job["analysis_id"], analysis.as_str());
     s.stop().await;
 }

@@ -108,7 +108,7 @@ pub async fn cancel(
     // as for an enqueue batch's (docs/web.md).
     middleware::committing(watch.as_ref(), tx.commit())
         .await
-        .map_err(|e| Problem::commit_outcome_unknown(&e).with("job_id", id.to_string()))?;
+        .map_err(|e| Problem::commit_outcome_unknown(&e).with("job_id", id))?;
     Ok(Json(CancelResponse {
         cancellation,
         job: JobView::from(result.job()),

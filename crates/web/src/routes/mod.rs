@@ -128,6 +128,11 @@ pub struct JobView {
     pub result: Option<serde_json::Value>,
     /// The most recent failed attempt, if any.
     pub last_error: Option<JobErrorView>,
+    /// The analysis the job fills (`analysis` jobs), or reads (`specview` jobs): its record
+    /// outlives the job, which is deleted some time after it ends (a day after it completed).
+    pub analysis_id: Option<Uuid>,
+    /// The specview the job fills (`specview` jobs).
+    pub specview_id: Option<Uuid>,
 }
 
 impl From<&JobRow> for JobView {
@@ -155,8 +160,15 @@ impl From<&JobRow> for JobView {
             cancel_requested: j.metadata.get("cancel_attempted_at").is_some(),
             result: j.output.clone().filter(|v| v.is_object()),
             last_error,
+            analysis_id: record_id(&j.args, "analysis_id"),
+            specview_id: record_id(&j.args, "specview_id"),
         }
     }
+}
+
+/// The record id a job's `args` name under `member` (`AnalysisArgs`, `SpecviewArgs`).
+fn record_id(args: &serde_json::Value, member: &str) -> Option<Uuid> {
+    args.get(member)?.as_str()?.parse().ok()
 }
 
 /// A stored JSON document (`jsonb`, read as text) passed through as it is: an inventory of a

@@ -136,10 +136,20 @@ pub async fn create(
             )));
         }
         Some((s, _, _)) if s != "completed" => {
-            return Err(Problem::conflict(format!(
-                "analysis `{}` is {s}; a specview needs a completed analysis",
-                body.analysis_id
-            )));
+            // `state` tells waiting (pending, running) from never (failed).
+            let detail = if s == "failed" {
+                format!(
+                    "analysis `{}` failed; a specview needs a completed analysis (request a new \
+                     analysis)",
+                    body.analysis_id
+                )
+            } else {
+                format!(
+                    "analysis `{}` is {s}; a specview needs a completed analysis (wait for it)",
+                    body.analysis_id
+                )
+            };
+            return Err(Problem::conflict(detail).with("state", s));
         }
         // A request sent again (after a timeout, say) gets the job it started, not a second,
         // billed one. Requests sent at once may both enqueue: this is no lock.
@@ -297,10 +307,12 @@ async fn representation(
             .await?;
         let (row, admitted) = read.ok_or_else(not_found)?;
         let Some(markdown) = row.markdown else {
-            return Err(Problem::conflict(format!(
-                "specview `{id}` has no Markdown yet (it is {})",
-                row.state
-            )));
+            let detail = if row.state == "failed" {
+                format!("specview `{id}` failed; it has no Markdown")
+            } else {
+                format!("specview `{id}` has no Markdown yet (it is {})", row.state)
+            };
+            return Err(Problem::conflict(detail).with("state", row.state));
         };
         return Ok(admitted.text(markdown, "text/markdown; charset=utf-8"));
     }
