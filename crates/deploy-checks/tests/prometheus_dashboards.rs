@@ -109,6 +109,13 @@ async fn use_the_api(http: &Http, db: &TestDb, web: &str, repo_dir: &std::path::
         .unwrap();
         let key = web::admin::issue_key(&db.pool, user.id).await.unwrap().key;
         for n in 0..requests {
+            // Another commit after the first: the same one, still in flight, would be the
+            // answer again (202) instead of a request for more quota.
+            let commit = if n == 0 {
+                commit.clone()
+            } else {
+                format!("{n:040x}")
+            };
             let r = http
                 .post_json(
                     &format!("{web}/v1/analyses"),
