@@ -491,8 +491,9 @@ struct BatchRead {
 /// ([`quota::standings_cte`]) and, for each analysis request, the caller's own completed
 /// analysis of the repository at the commit, or else a copy of anyone's (the inventory of a
 /// public commit is the same for everybody) made for the caller in the same statement, or else
-/// the caller's own analysis of it still in flight (`pending` or `running`: a request sent
-/// again, after a timeout say, gets the job it started instead of a second, billed one). The
+/// the caller's own analysis of it still in flight (`pending` or `running`, its job not final
+/// and no cancel asked of it: a request sent again, after a timeout say, gets the job it
+/// started instead of a second, billed one). The
 /// repository is matched by its cache key, so an analysis of `…/o/r.git` serves `…/o/r`; the
 /// copy stores the caller's spelling, its result the one that was fetched. The two
 /// row sets come back side by side (`FULL JOIN … ON false`), each row filled from one of them.
@@ -616,12 +617,16 @@ fn cached_and_standings_sql() -> &'static str {
                JOIN analyses a ON a.user_id = i.user_id \
                               AND a.repository = ANY (ARRAY[i.keyed_bare, i.keyed_git]) \
                               AND a.commit = i.commit AND a.state IN ('pending', 'running') \
+               JOIN fairlane_job j ON j.id = a.job_id \
+                                  AND j.args ->> 'analysis_id' = a.id::text \
+                                  AND j.finalized_at IS NULL \
+                                  AND NOT j.metadata ? 'cancel_attempted_at' \
                WHERE NOT EXISTS (SELECT 1 FROM own o WHERE o.ord = i.ord) \
                  AND NOT EXISTS (SELECT 1 FROM analyses c \
                                  WHERE c.repository = ANY (ARRAY[i.keyed_bare, i.keyed_git]) \
                                    AND c.commit = i.commit \
                                    AND c.state = 'completed' AND c.cached_from IS NULL) \
-               ORDER BY i.ord, a.created_at DESC \
+               ORDER BY i.ord, a.created_at DESC, a.id DESC \
              ), copied AS ( \
                INSERT INTO analyses (id, user_id, repository, requested_ref, commit, state, \
                                      cached_from, result, completed_at) \

@@ -2547,6 +2547,49 @@ async fn a_request_sent_again_while_its_work_is_in_flight_gets_the_same_job() {
     assert_ne!(anew["job"]["id"], first["job"]["id"]);
     assert_eq!(count(&db.pool, "fairlane_job").await, 2);
 
+    // A running job asked to stop (its record still `running` until the worker stops) and a
+    // record whose job is gone are not in flight: the request enqueues anew.
+    let (_, pro) = user_with_key(&db.pool, "pro").await;
+    let doomed = s
+        .http
+        .post_json("/v1/analyses", &pro, &analysis_body(5))
+        .await
+        .json();
+    let doomed_job = doomed["job"]["id"].as_i64().unwrap();
+    sqlx::query(
+        "UPDATE fairlane_job SET state = 'running', attempt = 1, attempted_at = now() \
+         WHERE id = $1",
+    )
+    .bind(doomed_job)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE analyses SET state = 'running' WHERE id = $1::uuid")
+        .bind(doomed["analysis_id"].as_str().unwrap())
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let asked = s.http.delete(&format!("/v1/jobs/{doomed_job}"), &pro).await;
+    assert_eq!(asked.json()["cancellation"], "requested");
+    let restarted = s
+        .http
+        .post_json("/v1/analyses", &pro, &analysis_body(5))
+        .await;
+    assert_eq!(restarted.status, 202, "{}", restarted.text());
+    let restarted = restarted.json();
+    assert_ne!(restarted["job"]["id"], doomed["job"]["id"]);
+    sqlx::query("DELETE FROM fairlane_job WHERE id = $1")
+        .bind(restarted["job"]["id"].as_i64().unwrap())
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let orphaned = s
+        .http
+        .post_json("/v1/analyses", &pro, &analysis_body(5))
+        .await;
+    assert_eq!(orphaned.status, 202, "{}", orphaned.text());
+    assert_ne!(orphaned.json()["analysis_id"], restarted["analysis_id"]);
+
     // Another user's completed original of the commit: the cache answers (200, a copy), even
     // with this user's own analysis of it in flight.
     let (other, _) = user_with_key(&db.pool, "pro").await;

@@ -195,14 +195,31 @@ pub async fn create(
                 watch.outcome_unknown();
             }
             // The caller's own analysis of this commit, still in flight: its job, as the
-            // request that started it was answered.
-            if matches!(view.record.state, WorkState::Pending | WorkState::Running)
-                && let Some(job_id) = view.record.job_id
-                && let Some(job) = super::owned_job_summary(&state, job_id, user.user_id).await?
-            {
+            // request that started it was answered. The batch found the job live; one gone
+            // since (cleaned long after it ended) is not answered as a cache hit.
+            if matches!(view.record.state, WorkState::Pending | WorkState::Running) {
+                let analysis_id = view.record.id;
+                let job = match view.record.job_id {
+                    Some(job_id) => {
+                        super::owned_job_summary(
+                            &state,
+                            job_id,
+                            user.user_id,
+                            ("analysis_id", analysis_id),
+                        )
+                        .await?
+                    }
+                    None => None,
+                };
+                let Some(job) = job else {
+                    return Err(Problem::internal(&format!(
+                        "analysis {analysis_id} in flight has no job of its own"
+                    )));
+                };
+                let job_id = job.id;
                 return Ok(super::accepted_job(
                     AnalysisAccepted {
-                        analysis_id: view.record.id,
+                        analysis_id,
                         commit: view.record.commit,
                         job,
                     },

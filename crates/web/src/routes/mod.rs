@@ -420,18 +420,24 @@ pub const MARKDOWN_COLUMNS_WEIGHED: &str = concat!(
     ") THEN octet_length(markdown)::bigint END AS large_text_bytes"
 );
 
-/// The summary of `user`'s job `id`, if it still exists.
+/// The summary of `user`'s job `id` that fills the record `record_id` (named in its args under
+/// `member`, `analysis_id` or `specview_id`), if it still exists: a job id alone could name
+/// another job once ids start over (a `fairlane_job` restored apart from the records).
 pub async fn owned_job_summary(
     state: &crate::state::AppState,
     id: i64,
     user: Uuid,
+    (member, record_id): (&str, Uuid),
 ) -> Result<Option<JobSummary>, sqlx::Error> {
-    let row: Option<JobRow> =
-        sqlx::query_as("SELECT * FROM fairlane_job WHERE id = $1 AND user_id = $2")
-            .bind(id)
-            .bind(user)
-            .fetch_optional(&state.pool)
-            .await?;
+    let row: Option<JobRow> = sqlx::query_as(
+        "SELECT * FROM fairlane_job WHERE id = $1 AND user_id = $2 AND args ->> $3 = $4::text",
+    )
+    .bind(id)
+    .bind(user)
+    .bind(member)
+    .bind(record_id)
+    .fetch_optional(&state.pool)
+    .await?;
     Ok(row.map(|job| JobSummary {
         id: job.id,
         state: job.state.into(),

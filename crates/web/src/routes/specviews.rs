@@ -114,13 +114,18 @@ pub async fn create(
     watch: Option<Extension<TimeoutWatch>>,
     ApiJson(body): ApiJson<CreateSpecview>,
 ) -> Result<Response, Problem> {
-    // The analysis, and the caller's newest specview of it still in flight, if any.
+    // The analysis, and the caller's newest specview of it still in flight (its job not final,
+    // no cancel asked of it), if any.
     let analysis: Option<(String, Option<Uuid>, Option<i64>)> = sqlx::query_as(
         "SELECT a.state::text, s.id, s.job_id FROM analyses a \
          LEFT JOIN LATERAL ( \
-           SELECT id, job_id FROM specviews \
-           WHERE analysis_id = a.id AND user_id = a.user_id AND state IN ('pending', 'running') \
-           ORDER BY created_at DESC, id DESC LIMIT 1 \
+           SELECT s.id, s.job_id FROM specviews s \
+           JOIN fairlane_job j ON j.id = s.job_id AND j.args ->> 'specview_id' = s.id::text \
+                              AND j.finalized_at IS NULL \
+                              AND NOT j.metadata ? 'cancel_attempted_at' \
+           WHERE s.analysis_id = a.id AND s.user_id = a.user_id \
+             AND s.state IN ('pending', 'running') \
+           ORDER BY s.created_at DESC, s.id DESC LIMIT 1 \
          ) s ON true \
          WHERE a.id = $1 AND a.user_id = $2",
     )
@@ -154,7 +159,10 @@ pub async fn create(
         // A request sent again (after a timeout, say) gets the job it started, not a second,
         // billed one. Requests sent at once may both enqueue: this is no lock.
         Some((_, Some(specview_id), Some(job_id))) => {
-            if let Some(job) = super::owned_job_summary(&state, job_id, user.user_id).await? {
+            if let Some(job) =
+                super::owned_job_summary(&state, job_id, user.user_id, ("specview_id", specview_id))
+                    .await?
+            {
                 return Ok(super::accepted_job(
                     SpecviewAccepted {
                         specview_id,
