@@ -617,15 +617,14 @@ fn cached_and_standings_sql() -> &'static str {
                JOIN analyses a ON a.user_id = i.user_id \
                               AND a.repository = ANY (ARRAY[i.keyed_bare, i.keyed_git]) \
                               AND a.commit = i.commit AND a.state IN ('pending', 'running') \
-               JOIN fairlane_job j ON j.id = a.job_id \
-                                  AND j.args ->> 'analysis_id' = a.id::text \
-                                  AND j.finalized_at IS NULL \
-                                  AND NOT j.metadata ? 'cancel_attempted_at' \
                WHERE NOT EXISTS (SELECT 1 FROM own o WHERE o.ord = i.ord) \
-                 AND NOT EXISTS (SELECT 1 FROM analyses c \
-                                 WHERE c.repository = ANY (ARRAY[i.keyed_bare, i.keyed_git]) \
-                                   AND c.commit = i.commit \
-                                   AND c.state = 'completed' AND c.cached_from IS NULL) \
+                 AND (SELECT j.finalized_at IS NULL AND NOT j.metadata ? 'cancel_attempted_at' \
+                      FROM fairlane_job j \
+                      WHERE j.id = a.job_id AND j.args ->> 'analysis_id' = a.id::text) \
+                 AND (SELECT c.id FROM analyses c \
+                      WHERE c.repository = ANY (ARRAY[i.keyed_bare, i.keyed_git]) \
+                        AND c.commit = i.commit \
+                        AND c.state = 'completed' AND c.cached_from IS NULL LIMIT 1) IS NULL \
                ORDER BY i.ord, a.created_at DESC, a.id DESC \
              ), copied AS ( \
                INSERT INTO analyses (id, user_id, repository, requested_ref, commit, state, \
