@@ -19,6 +19,7 @@ use sqlx::postgres::PgRow;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use uuid::Uuid;
 
+use crate::conditional::{IfNoneMatch, ROW_VERSION_COLUMN, entity_tag};
 use crate::problem::Problem;
 
 /// The budget's unit.
@@ -48,6 +49,29 @@ pub struct Weighed<T> {
     pub row: T,
     /// The text bytes of the values left out of `row`; NULL when nothing was left out.
     pub large_text_bytes: Option<i64>,
+    /// [`crate::conditional::ROW_VERSION_COLUMN`].
+    pub row_version: String,
+}
+
+/// A row read whole, with its version.
+#[derive(Debug, sqlx::FromRow)]
+struct Versioned<T> {
+    #[sqlx(flatten)]
+    row: T,
+    row_version: String,
+}
+
+/// What [`LargeReads::read_record`] found.
+#[derive(Debug)]
+pub enum Read<T> {
+    /// The row, let in ([`Admitted`]), and the entity tag of the representation asked for.
+    Found {
+        row: T,
+        admitted: Admitted,
+        tag: String,
+    },
+    /// The condition named the current tag: nothing more was read.
+    NotModified { tag: String },
 }
 
 /// The budget, in MiB permits.
@@ -79,20 +103,24 @@ impl LargeReads {
     /// share of the budget is free, again with `columns`, whole. Each statement runs on a
     /// connection that gives back the buffers it grew ([`records::with_buffers_given_back`]).
     /// The request's own timeout bounds the wait.
+    ///
+    /// The answer is tagged for `representation` ([`crate::conditional::entity_tag`]); if
+    /// `condition` names the tag the first statement read, that is the answer
+    /// ([`Read::NotModified`]), before any large value is read or waited for.
     pub async fn read_record<T>(
         &self,
         pool: &PgPool,
         table: &'static str,
         (columns, weighed_columns): (&'static str, &'static str),
-        id: Uuid,
-        user: Uuid,
-    ) -> Result<Option<(T, Admitted)>, sqlx::Error>
+        (id, user): (Uuid, Uuid),
+        (condition, representation): (Option<&IfNoneMatch>, &str),
+    ) -> Result<Option<Read<T>>, sqlx::Error>
     where
         T: for<'r> sqlx::FromRow<'r, PgRow> + Send + Unpin,
     {
         let select = |columns: &str| {
             sqlx::AssertSqlSafe(format!(
-                "SELECT {columns} FROM {table} WHERE id = $1 AND user_id = $2"
+                "SELECT {columns}, {ROW_VERSION_COLUMN} FROM {table} WHERE id = $1 AND user_id = $2"
             ))
         };
         let first: Option<Weighed<T>> = records::with_buffers_given_back(pool, async |conn| {
@@ -106,8 +134,16 @@ impl LargeReads {
         let Some(first) = first else {
             return Ok(None);
         };
+        let tag = entity_tag(&first.row_version, representation);
+        if condition.is_some_and(|c| c.matches(&tag)) {
+            return Ok(Some(Read::NotModified { tag }));
+        }
         let Some(text_bytes) = first.large_text_bytes else {
-            return Ok(Some((first.row, Admitted { permit: None })));
+            return Ok(Some(Read::Found {
+                row: first.row,
+                admitted: Admitted { permit: None },
+                tag,
+            }));
         };
         let share = self.share(u64::try_from(text_bytes).unwrap_or(0));
         // The semaphore is never closed.
@@ -115,7 +151,7 @@ impl LargeReads {
             .acquire_many_owned(share)
             .await
             .ok();
-        let whole: Option<T> = records::with_buffers_given_back(pool, async |conn| {
+        let whole: Option<Versioned<T>> = records::with_buffers_given_back(pool, async |conn| {
             sqlx::query_as(select(columns))
                 .bind(id)
                 .bind(user)
@@ -123,7 +159,11 @@ impl LargeReads {
                 .await
         })
         .await?;
-        Ok(whole.map(|row| (row, Admitted { permit })))
+        Ok(whole.map(|whole| Read::Found {
+            tag: entity_tag(&whole.row_version, representation),
+            row: whole.row,
+            admitted: Admitted { permit },
+        }))
     }
 
     /// Permits free now.

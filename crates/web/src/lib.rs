@@ -11,6 +11,7 @@ pub mod batch;
 pub mod cli;
 pub mod client_addr;
 pub mod commit_claim;
+pub mod conditional;
 pub mod config;
 pub mod docs;
 pub mod enqueue;

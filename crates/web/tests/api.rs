@@ -2637,3 +2637,146 @@ async fn a_request_sent_again_while_its_work_is_in_flight_gets_the_same_job() {
     assert_eq!(job["analysis_id"], analysis.as_str());
     s.stop().await;
 }
+
+/// `GET /v1/analyses/{id}` and `GET /v1/specviews/{id}` answer with an entity tag (one per
+/// representation) that changes with every write of the record, and a request whose
+/// `If-None-Match` names the current one is answered 304 without a body; another user's record
+/// stays a 404 whatever the condition.
+#[tokio::test]
+async fn records_answer_with_an_entity_tag_and_304_while_unchanged() {
+    let db = TestDb::new().await;
+    let s = start(&db).await;
+    let (_, key) = user_with_key(&db.pool, "pro").await;
+    let (_, other) = user_with_key(&db.pool, "pro").await;
+    let auth = format!("Bearer {key}");
+    let created = s
+        .http
+        .post_json("/v1/analyses", &key, &analysis_body(1))
+        .await
+        .json();
+    let id = created["analysis_id"].as_str().unwrap().to_owned();
+    let path = format!("/v1/analyses/{id}");
+    let get = |condition: Option<String>, key: String| {
+        let http = s.http.clone();
+        let path = path.clone();
+        async move {
+            let auth = format!("Bearer {key}");
+            let mut headers = vec![("authorization", auth.as_str())];
+            if let Some(c) = condition.as_deref() {
+                headers.push(("if-none-match", c));
+            }
+            http.send(Method::GET, &path, &headers, None).await
+        }
+    };
+
+    let first = get(None, key.clone()).await;
+    assert_eq!(first.status, 200);
+    let tag = first.header("etag").unwrap().to_owned();
+    assert!(tag.starts_with('"') && tag.ends_with('"'), "{tag}");
+    assert_eq!(first.header("cache-control"), Some("private, no-cache"));
+    for condition in [tag.clone(), format!("W/{tag}"), format!("\"x\", {tag}")] {
+        let r = get(Some(condition.clone()), key.clone()).await;
+        assert_eq!(r.status, 304, "{condition}");
+        assert!(r.text().is_empty());
+        assert_eq!(r.header("etag"), Some(tag.as_str()));
+    }
+    for condition in ["\"x\"", "*", "not a tag"] {
+        let r = get(Some(condition.to_owned()), key.clone()).await;
+        assert_eq!(r.status, 200, "{condition}");
+    }
+    get(Some(tag.clone()), other.clone())
+        .await
+        .problem(404, "not_found");
+
+    // Any write of the row is a new version, even one that leaves updated_at alone.
+    sqlx::query("UPDATE analyses SET error = 'x' WHERE id = $1::uuid")
+        .bind(&id)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let changed = get(Some(tag.clone()), key.clone()).await;
+    assert_eq!(changed.status, 200);
+    let second = changed.header("etag").unwrap().to_owned();
+    assert_ne!(second, tag);
+
+    // A large result: the condition is answered before it is read.
+    sqlx::query(
+        "UPDATE analyses SET state = 'completed', completed_at = now(), updated_at = now(), \
+                result = (SELECT jsonb_object_agg(md5(i::text), md5((i * 7)::text)) \
+                          FROM generate_series(1, 5000) i) \
+         WHERE id = $1::uuid",
+    )
+    .bind(&id)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let large = get(Some(second.clone()), key.clone()).await;
+    assert_eq!(large.status, 200);
+    assert_eq!(
+        large.json()["result"].as_object().map(|r| r.len()),
+        Some(5000)
+    );
+    let third = large.header("etag").unwrap().to_owned();
+    assert_eq!(get(Some(third.clone()), key.clone()).await.status, 304);
+
+    // Specviews: JSON and Markdown have tags of their own; 304 says Vary too.
+    let r = s
+        .http
+        .post_json("/v1/specviews", &key, &json!({"analysis_id": id}))
+        .await;
+    assert_eq!(r.status, 202, "{}", r.text());
+    let specview = r.json()["specview_id"].as_str().unwrap().to_owned();
+    sqlx::query(
+        "UPDATE specviews SET state = 'completed', result = '{\"a\": 1}', markdown = '# A', \
+                completed_at = now(), updated_at = now() WHERE id = $1::uuid",
+    )
+    .bind(&specview)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let spath = format!("/v1/specviews/{specview}");
+    let as_json = s
+        .http
+        .send(Method::GET, &spath, &[("authorization", &auth)], None)
+        .await;
+    let md_headers = [
+        ("authorization", auth.as_str()),
+        ("accept", "text/markdown"),
+    ];
+    let as_md = s.http.send(Method::GET, &spath, &md_headers, None).await;
+    assert_eq!(as_json.status, 200);
+    assert_eq!(as_md.status, 200);
+    let (json_tag, md_tag) = (
+        as_json.header("etag").unwrap().to_owned(),
+        as_md.header("etag").unwrap().to_owned(),
+    );
+    assert_ne!(json_tag, md_tag);
+    let again = s
+        .http
+        .send(
+            Method::GET,
+            &spath,
+            &[("authorization", &auth), ("if-none-match", &json_tag)],
+            None,
+        )
+        .await;
+    assert_eq!(again.status, 304);
+    assert_eq!(again.header("vary"), Some("accept"));
+    // The JSON's tag does not stand for the Markdown.
+    let md_again = s
+        .http
+        .send(
+            Method::GET,
+            &spath,
+            &[
+                ("authorization", &auth),
+                ("accept", "text/markdown"),
+                ("if-none-match", &json_tag),
+            ],
+            None,
+        )
+        .await;
+    assert_eq!(md_again.status, 200);
+    assert_eq!(md_again.text(), "# A");
+    s.stop().await;
+}

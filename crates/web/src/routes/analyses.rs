@@ -17,8 +17,10 @@ use super::{
     WorkState, is_object_id,
 };
 use crate::auth::AuthUser;
+use crate::conditional::{self, IfNoneMatch};
 use crate::enqueue::{EnqueueRequest, Enqueued, NewRecord, enqueue};
 use crate::extract::{ApiJson, ApiQuery, IdPath};
+use crate::large_reads::Read;
 use crate::middleware::TimeoutWatch;
 use crate::problem::Problem;
 use crate::state::AppState;
@@ -230,9 +232,10 @@ pub async fn create(
                 Problem::committed_unread(e, "analysis (served from the cache)")
                     .with("analysis_id", view.record.id.to_string())
             };
-            read_analysis(&state, view.record.id, user.user_id)
+            read_analysis(&state, view.record.id, user.user_id, None)
                 .await
                 .map_err(|e| committed(&e))?
+                .map(|(response, _)| response)
                 .ok_or_else(|| committed(&"a cached analysis vanished after its commit"))
         }
         Enqueued::Accepted(job) => {
@@ -249,27 +252,40 @@ pub async fn create(
     }
 }
 
-/// An analysis of the caller's.
+/// An analysis of the caller's. The answer carries an `ETag`; a request whose `If-None-Match`
+/// names it is answered `304 Not Modified` without the result (poll a large result cheaply).
 #[utoipa::path(
     get,
     path = "/v1/analyses/{id}",
     tag = "analyses",
-    params(("id" = Uuid, Path, description = "The analysis id")),
-    responses((status = 200, description = "The analysis", body = AnalysisView)),
+    params(
+        ("id" = Uuid, Path, description = "The analysis id"),
+        ("If-None-Match" = Option<String>, Header,
+            description = "Entity tags of versions the client holds (`*` is not taken as a condition)"),
+    ),
+    responses(
+        (status = 200, description = "The analysis", body = AnalysisView,
+            headers(("ETag" = String, description = "This version's entity tag"))),
+        (status = 304, description = "Not modified: `If-None-Match` names the current version",
+            headers(("ETag" = String, description = "The current version's entity tag"))),
+    ),
     security(("api_key" = []))
 )]
 pub async fn get(
     State(state): State<AppState>,
     user: AuthUser,
+    headers: http::HeaderMap,
     IdPath(id): IdPath,
 ) -> Result<Response, Problem> {
     let not_found = || Problem::not_found(format!("no analysis `{id}`"));
     let Some(analysis_id) = super::path_uuid(&id) else {
         return Err(not_found());
     };
-    read_analysis(&state, analysis_id, user.user_id)
+    let condition = IfNoneMatch::parse(&headers);
+    let (response, tag) = read_analysis(&state, analysis_id, user.user_id, condition.as_ref())
         .await?
-        .ok_or_else(not_found)
+        .ok_or_else(not_found)?;
+    Ok(conditional::tagged(response, &tag))
 }
 
 /// The query of `GET /v1/analyses`.
@@ -333,27 +349,32 @@ pub async fn list(
     Ok(Json(AnalysisPage { items, next_cursor }))
 }
 
-/// The analysis `id` of `user` as a `200` answer, if there is one; a large result waits for its
-/// share of the memory for large reads ([`crate::large_reads`]), held until the answer is sent.
+/// The analysis `id` of `user` as a `200` answer (or `304` if `condition` names its current
+/// tag), with its entity tag, if there is one; a large result waits for its share of the memory
+/// for large reads ([`crate::large_reads`]), held until the answer is sent.
 async fn read_analysis(
     state: &AppState,
     id: Uuid,
     user: Uuid,
-) -> Result<Option<Response>, sqlx::Error> {
-    let read: Option<(AnalysisView, _)> = state
+    condition: Option<&IfNoneMatch>,
+) -> Result<Option<(Response, String)>, sqlx::Error> {
+    let read: Option<Read<AnalysisView>> = state
         .large_reads
         .read_record(
             &state.pool,
             "analyses",
             (ANALYSIS_COLUMNS, ANALYSIS_COLUMNS_WEIGHED),
-            id,
-            user,
+            (id, user),
+            (condition, ""),
         )
         .await?;
-    let Some((view, admitted)) = read else {
-        return Ok(None);
-    };
-    Ok(Some(admitted.json(StatusCode::OK, view).await))
+    Ok(match read {
+        None => None,
+        Some(Read::NotModified { tag }) => Some((conditional::not_modified(&tag), tag)),
+        Some(Read::Found { row, admitted, tag }) => {
+            Some((admitted.json(StatusCode::OK, row).await, tag))
+        }
+    })
 }
 
 #[cfg(test)]

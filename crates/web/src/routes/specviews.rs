@@ -16,8 +16,10 @@ use super::{
     SPECVIEW_COLUMNS_WEIGHED, SpecviewSummary, SpecviewView, WorkState,
 };
 use crate::auth::AuthUser;
+use crate::conditional::{self, IfNoneMatch};
 use crate::enqueue::{EnqueueRequest, Enqueued, NewRecord, enqueue};
 use crate::extract::{ApiJson, ApiQuery, IdPath};
+use crate::large_reads::Read;
 use crate::middleware::TimeoutWatch;
 use crate::problem::Problem;
 use crate::state::AppState;
@@ -120,11 +122,11 @@ pub async fn create(
         "SELECT a.state::text, s.id, s.job_id FROM analyses a \
          LEFT JOIN LATERAL ( \
            SELECT s.id, s.job_id FROM specviews s \
-           JOIN fairlane_job j ON j.id = s.job_id AND j.args ->> 'specview_id' = s.id::text \
-                              AND j.finalized_at IS NULL \
-                              AND NOT j.metadata ? 'cancel_attempted_at' \
            WHERE s.analysis_id = a.id AND s.user_id = a.user_id \
              AND s.state IN ('pending', 'running') \
+             AND (SELECT j.finalized_at IS NULL AND NOT j.metadata ? 'cancel_attempted_at' \
+                  FROM fairlane_job j \
+                  WHERE j.id = s.job_id AND j.args ->> 'specview_id' = s.id::text) \
            ORDER BY s.created_at DESC, s.id DESC LIMIT 1 \
          ) s ON true \
          WHERE a.id = $1 AND a.user_id = $2",
@@ -257,17 +259,25 @@ fn wants_markdown(headers: &HeaderMap) -> bool {
     markdown_weight > 0.0 && markdown_weight >= json_weight
 }
 
-/// A specview of the caller's, as JSON or (with `Accept: text/markdown`) as Markdown.
+/// A specview of the caller's, as JSON or (with `Accept: text/markdown`) as Markdown. The
+/// answer carries an `ETag` (one per representation); a request whose `If-None-Match` names it
+/// is answered `304 Not Modified` without the result.
 #[utoipa::path(
     get,
     path = "/v1/specviews/{id}",
     tag = "specviews",
-    params(("id" = Uuid, Path, description = "The specview id")),
+    params(
+        ("id" = Uuid, Path, description = "The specview id"),
+        ("If-None-Match" = Option<String>, Header,
+            description = "Entity tags of versions the client holds (`*` is not taken as a condition)"),
+    ),
     responses(
         (status = 200, description = "The specview", content(
             (SpecviewView = "application/json"),
             (String = "text/markdown"),
-        )),
+        ), headers(("ETag" = String, description = "This version's entity tag, per representation"))),
+        (status = 304, description = "Not modified: `If-None-Match` names the current version",
+            headers(("ETag" = String, description = "The current version's entity tag"))),
     ),
     security(("api_key" = []))
 )]
@@ -289,7 +299,7 @@ pub async fn get(
     response
 }
 
-/// The specview `id` of `user`, as `headers` ask for it.
+/// The specview `id` of `user`, as `headers` ask for it, tagged.
 async fn representation(
     state: &AppState,
     user: &AuthUser,
@@ -300,20 +310,24 @@ async fn representation(
     let Some(specview_id) = super::path_uuid(id) else {
         return Err(not_found());
     };
+    let condition = IfNoneMatch::parse(headers);
     if wants_markdown(headers) {
         // The Markdown alone: the structured result beside it can be as large again (up to
         // 64 MiB together), and would be read and dropped.
-        let read: Option<(MarkdownRow, _)> = state
+        let read: Option<Read<MarkdownRow>> = state
             .large_reads
             .read_record(
                 &state.pool,
                 "specviews",
                 (MARKDOWN_COLUMNS, MARKDOWN_COLUMNS_WEIGHED),
-                specview_id,
-                user.user_id,
+                (specview_id, user.user_id),
+                (condition.as_ref(), ".md"),
             )
             .await?;
-        let (row, admitted) = read.ok_or_else(not_found)?;
+        let (row, admitted, tag) = match read.ok_or_else(not_found)? {
+            Read::NotModified { tag } => return Ok(conditional::not_modified(&tag)),
+            Read::Found { row, admitted, tag } => (row, admitted, tag),
+        };
         let Some(markdown) = row.markdown else {
             let detail = if row.state == "failed" {
                 format!("specview `{id}` failed; it has no Markdown")
@@ -322,20 +336,28 @@ async fn representation(
             };
             return Err(Problem::conflict(detail).with("state", row.state));
         };
-        return Ok(admitted.text(markdown, "text/markdown; charset=utf-8"));
+        return Ok(conditional::tagged(
+            admitted.text(markdown, "text/markdown; charset=utf-8"),
+            &tag,
+        ));
     }
-    let read: Option<(SpecviewView, _)> = state
+    let read: Option<Read<SpecviewView>> = state
         .large_reads
         .read_record(
             &state.pool,
             "specviews",
             (SPECVIEW_COLUMNS, SPECVIEW_COLUMNS_WEIGHED),
-            specview_id,
-            user.user_id,
+            (specview_id, user.user_id),
+            (condition.as_ref(), ""),
         )
         .await?;
-    let (view, admitted) = read.ok_or_else(not_found)?;
-    Ok(admitted.json(http::StatusCode::OK, view).await)
+    match read.ok_or_else(not_found)? {
+        Read::NotModified { tag } => Ok(conditional::not_modified(&tag)),
+        Read::Found { row, admitted, tag } => Ok(conditional::tagged(
+            admitted.json(http::StatusCode::OK, row).await,
+            &tag,
+        )),
+    }
 }
 
 #[cfg(test)]
