@@ -613,19 +613,29 @@ fn cached_and_standings_sql() -> &'static str {
                                  AND e.ord < i.ord) \
                ORDER BY i.ord, a.completed_at DESC \
              ), in_flight AS ( \
-               SELECT DISTINCT ON (i.ord) i.ord, a.id AS own_id FROM input i \
-               JOIN analyses a ON a.user_id = i.user_id \
-                              AND a.repository = ANY (ARRAY[i.keyed_bare, i.keyed_git]) \
-                              AND a.commit = i.commit AND a.state IN ('pending', 'running') \
+               SELECT i.ord, f.id AS own_id FROM input i \
+               CROSS JOIN LATERAL ( \
+                 SELECT a.id, a.job_id, a.created_at FROM analyses a \
+                 WHERE a.user_id = i.user_id AND a.repository = i.keyed_bare \
+                   AND a.commit = i.commit AND a.state IN ('pending', 'running') \
+                 UNION ALL \
+                 SELECT a.id, a.job_id, a.created_at FROM analyses a \
+                 WHERE a.user_id = i.user_id AND a.repository = i.keyed_git \
+                   AND a.commit = i.commit AND a.state IN ('pending', 'running') \
+                 ORDER BY created_at DESC, id DESC LIMIT 1 \
+               ) f \
                WHERE NOT EXISTS (SELECT 1 FROM own o WHERE o.ord = i.ord) \
                  AND (SELECT j.finalized_at IS NULL AND NOT j.metadata ? 'cancel_attempted_at' \
                       FROM fairlane_job j \
-                      WHERE j.id = a.job_id AND j.args ->> 'analysis_id' = a.id::text) \
+                      WHERE j.id = f.job_id AND j.args ->> 'analysis_id' = f.id::text) \
                  AND (SELECT c.id FROM analyses c \
-                      WHERE c.repository = ANY (ARRAY[i.keyed_bare, i.keyed_git]) \
-                        AND c.commit = i.commit \
-                        AND c.state = 'completed' AND c.cached_from IS NULL LIMIT 1) IS NULL \
-               ORDER BY i.ord, a.created_at DESC, a.id DESC \
+                      WHERE c.repository = i.keyed_bare AND c.commit = i.commit \
+                        AND c.state = 'completed' AND c.cached_from IS NULL \
+                      UNION ALL \
+                      SELECT c.id FROM analyses c \
+                      WHERE c.repository = i.keyed_git AND c.commit = i.commit \
+                        AND c.state = 'completed' AND c.cached_from IS NULL \
+                      LIMIT 1) IS NULL \
              ), copied AS ( \
                INSERT INTO analyses (id, user_id, repository, requested_ref, commit, state, \
                                      cached_from, result, completed_at) \
