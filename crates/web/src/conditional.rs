@@ -13,10 +13,15 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 pub const ROW_VERSION_COLUMN: &str = "xmin::text || '.' || \
      (extract(epoch FROM updated_at) * 1000000)::bigint::text AS row_version";
 
+/// The form of the answers the tags stand for: bump it when what a record's answer holds
+/// changes (a field added to a view), or clients holding a tag would be told "not modified" of
+/// an answer that now reads differently.
+const ANSWER_FORM: &str = "1";
+
 /// The strong entity tag of `representation` (`""` for JSON, `".md"` for Markdown) of the row
 /// at `version` (from [`ROW_VERSION_COLUMN`]).
 pub fn entity_tag(version: &str, representation: &str) -> String {
-    format!("\"{version}{representation}\"")
+    format!("\"{ANSWER_FORM}.{version}{representation}\"")
 }
 
 /// The entity tags of a request's `If-None-Match` fields. `*` is not taken as a condition: a
@@ -61,8 +66,13 @@ fn opaque_tag(member: &str) -> Option<&str> {
 }
 
 /// `response` with `tag` as its `ETag`, to be revalidated before reuse (`no-cache`) and by the
-/// client only (`private`: it is one user's).
+/// client only (`private`: it is one user's). An error (serialising the body failed) is left
+/// untagged: the tag stands for the record, not for the error.
 pub fn tagged(mut response: Response, tag: &str) -> Response {
+    let status = response.status();
+    if !(status.is_success() || status == StatusCode::NOT_MODIFIED) {
+        return response;
+    }
     if let Ok(value) = HeaderValue::from_str(tag) {
         response.headers_mut().insert(http::header::ETAG, value);
     }
@@ -96,13 +106,15 @@ mod tests {
     #[test]
     fn tags_are_compared_weakly_across_fields_and_lists() {
         let tag = entity_tag("1234.1795000000000000", "");
-        assert_eq!(tag, "\"1234.1795000000000000\"");
-        let c = condition(&["\"a\", W/\"1234.1795000000000000\"", "\"b\""]).unwrap();
+        assert_eq!(tag, "\"1.1234.1795000000000000\"");
+        let c = condition(&["\"a\", W/\"1.1234.1795000000000000\"", "\"b\""]).unwrap();
         assert!(c.matches(&tag));
         assert!(!c.matches(&entity_tag("1234.1795000000000000", ".md")));
-        assert!(!c.matches("\"1235.1795000000000000\""));
+        assert!(!c.matches("\"1.1235.1795000000000000\""));
+        assert!(condition(&[&tag]).unwrap().matches(&tag));
+        // A tag of another answer form (before a deploy that changed a view) is not current.
         assert!(
-            condition(&["\"1234.1795000000000000\""])
+            !condition(&["\"1234.1795000000000000\""])
                 .unwrap()
                 .matches(&tag)
         );

@@ -61,6 +61,29 @@ struct Versioned<T> {
     row_version: String,
 }
 
+/// What a request asks of [`LargeReads::read_record`] besides the row.
+#[derive(Debug, Clone, Copy)]
+pub struct Asked<'a, T> {
+    /// Its `If-None-Match`, if any.
+    pub condition: Option<&'a IfNoneMatch>,
+    /// The representation it gets (`""` JSON, `".md"` Markdown), which the tag names.
+    pub representation: &'a str,
+    /// Whether a row has that representation, given the row and whether large values were
+    /// left out of it (without one the answer is no 2xx, and a condition does not apply).
+    pub served: fn(&T, bool) -> bool,
+}
+
+impl<'a, T> Asked<'a, T> {
+    /// The JSON, which every row has.
+    pub fn json(condition: Option<&'a IfNoneMatch>) -> Self {
+        Asked {
+            condition,
+            representation: "",
+            served: |_, _| true,
+        }
+    }
+}
+
 /// What [`LargeReads::read_record`] found.
 #[derive(Debug)]
 pub enum Read<T> {
@@ -104,16 +127,17 @@ impl LargeReads {
     /// connection that gives back the buffers it grew ([`records::with_buffers_given_back`]).
     /// The request's own timeout bounds the wait.
     ///
-    /// The answer is tagged for `representation` ([`crate::conditional::entity_tag`]); if
-    /// `condition` names the tag the first statement read, that is the answer
-    /// ([`Read::NotModified`]), before any large value is read or waited for.
+    /// The answer is tagged for the representation `asked` ([`crate::conditional::entity_tag`]);
+    /// if its condition names the tag the first statement read, and the row has the
+    /// representation, that is the answer ([`Read::NotModified`]), before any large value is
+    /// read or waited for.
     pub async fn read_record<T>(
         &self,
         pool: &PgPool,
         table: &'static str,
         (columns, weighed_columns): (&'static str, &'static str),
         (id, user): (Uuid, Uuid),
-        (condition, representation): (Option<&IfNoneMatch>, &str),
+        asked: Asked<'_, T>,
     ) -> Result<Option<Read<T>>, sqlx::Error>
     where
         T: for<'r> sqlx::FromRow<'r, PgRow> + Send + Unpin,
@@ -134,8 +158,10 @@ impl LargeReads {
         let Some(first) = first else {
             return Ok(None);
         };
-        let tag = entity_tag(&first.row_version, representation);
-        if condition.is_some_and(|c| c.matches(&tag)) {
+        let tag = entity_tag(&first.row_version, asked.representation);
+        if asked.condition.is_some_and(|c| c.matches(&tag))
+            && (asked.served)(&first.row, first.large_text_bytes.is_some())
+        {
             return Ok(Some(Read::NotModified { tag }));
         }
         let Some(text_bytes) = first.large_text_bytes else {
@@ -160,7 +186,7 @@ impl LargeReads {
         })
         .await?;
         Ok(whole.map(|whole| Read::Found {
-            tag: entity_tag(&whole.row_version, representation),
+            tag: entity_tag(&whole.row_version, asked.representation),
             row: whole.row,
             admitted: Admitted { permit },
         }))

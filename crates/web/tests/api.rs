@@ -2778,5 +2778,44 @@ async fn records_answer_with_an_entity_tag_and_304_while_unchanged() {
         .await;
     assert_eq!(md_again.status, 200);
     assert_eq!(md_again.text(), "# A");
+    // No Markdown yet: a 409 whatever the condition, even one naming the version's tag.
+    let pending = s
+        .http
+        .post_json("/v1/specviews", &key, &json!({"analysis_id": id}))
+        .await;
+    assert_eq!(pending.status, 202, "{}", pending.text());
+    let pending_path = format!(
+        "/v1/specviews/{}",
+        pending.json()["specview_id"].as_str().unwrap()
+    );
+    let pending_tag = s
+        .http
+        .send(
+            Method::GET,
+            &pending_path,
+            &[("authorization", &auth)],
+            None,
+        )
+        .await
+        .header("etag")
+        .unwrap()
+        .to_owned();
+    let crafted = format!("{}.md\"", pending_tag.trim_end_matches('"'));
+    let no_markdown = s
+        .http
+        .send(
+            Method::GET,
+            &pending_path,
+            &[
+                ("authorization", &auth),
+                ("accept", "text/markdown"),
+                ("if-none-match", &crafted),
+            ],
+            None,
+        )
+        .await;
+    let body = no_markdown.problem(409, "conflict");
+    assert_eq!(body["state"], "pending");
+    assert!(no_markdown.header("etag").is_none());
     s.stop().await;
 }

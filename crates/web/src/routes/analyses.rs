@@ -20,7 +20,7 @@ use crate::auth::AuthUser;
 use crate::conditional::{self, IfNoneMatch};
 use crate::enqueue::{EnqueueRequest, Enqueued, NewRecord, enqueue};
 use crate::extract::{ApiJson, ApiQuery, IdPath};
-use crate::large_reads::Read;
+use crate::large_reads::{Asked, Read};
 use crate::middleware::TimeoutWatch;
 use crate::problem::Problem;
 use crate::state::AppState;
@@ -365,7 +365,7 @@ async fn read_analysis(
             "analyses",
             (ANALYSIS_COLUMNS, ANALYSIS_COLUMNS_WEIGHED),
             (id, user),
-            (condition, ""),
+            Asked::json(condition),
         )
         .await?;
     Ok(match read {

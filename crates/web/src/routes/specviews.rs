@@ -19,7 +19,7 @@ use crate::auth::AuthUser;
 use crate::conditional::{self, IfNoneMatch};
 use crate::enqueue::{EnqueueRequest, Enqueued, NewRecord, enqueue};
 use crate::extract::{ApiJson, ApiQuery, IdPath};
-use crate::large_reads::Read;
+use crate::large_reads::{Asked, Read};
 use crate::middleware::TimeoutWatch;
 use crate::problem::Problem;
 use crate::state::AppState;
@@ -321,7 +321,12 @@ async fn representation(
                 "specviews",
                 (MARKDOWN_COLUMNS, MARKDOWN_COLUMNS_WEIGHED),
                 (specview_id, user.user_id),
-                (condition.as_ref(), ".md"),
+                Asked {
+                    condition: condition.as_ref(),
+                    representation: ".md",
+                    // Only a specview with Markdown has it (else the answer is a 409).
+                    served: |row: &MarkdownRow, left_out| row.markdown.is_some() || left_out,
+                },
             )
             .await?;
         let (row, admitted, tag) = match read.ok_or_else(not_found)? {
@@ -348,7 +353,7 @@ async fn representation(
             "specviews",
             (SPECVIEW_COLUMNS, SPECVIEW_COLUMNS_WEIGHED),
             (specview_id, user.user_id),
-            (condition.as_ref(), ""),
+            Asked::json(condition.as_ref()),
         )
         .await?;
     match read.ok_or_else(not_found)? {
