@@ -583,9 +583,11 @@ fn bind(
 const CACHE_TYPES: [&str; 7] = ["int8", "uuid", "text", "text", "text", "text", "text"];
 
 /// The statement of [`cached_and_standings`], built once: the cache look-up's parameters first,
-/// then the standings'. The repository is matched with `= ANY (ARRAY[…])`, not `IN (…)`:
-/// PostgreSQL turns an `IN` of two columns into an `OR` that the indexes (`analyses_cache`,
-/// `analyses_user`) do not take as a condition, while `ANY` is one on both.
+/// then the standings'. Each look-up is a lateral subquery per request with one branch per
+/// spelling of the repository, matched by equality, so the whole key of its index
+/// (`analyses_user`, `analyses_cache`) is the index condition whatever the statistics the
+/// connection's generic plan was made from (ADR 0019): `= ANY (ARRAY[…])` was left out of it by
+/// a plan made while the tables were small, and an `IN (…)` becomes an `OR` no index takes.
 fn cached_and_standings_sql() -> &'static str {
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SQL.get_or_init(|| {
@@ -594,24 +596,35 @@ fn cached_and_standings_sql() -> &'static str {
                SELECT * FROM {requests} \
                  AS t(ord, user_id, repository, keyed_bare, keyed_git, commit, requested_ref) \
              ), own AS ( \
-               SELECT DISTINCT ON (i.ord) i.ord, a.id AS own_id FROM input i \
-               JOIN analyses a ON a.user_id = i.user_id \
-                              AND a.repository = ANY (ARRAY[i.keyed_bare, i.keyed_git]) \
-                              AND a.commit = i.commit AND a.state = 'completed' \
-               ORDER BY i.ord, a.completed_at DESC \
+               SELECT i.ord, f.id AS own_id FROM input i \
+               CROSS JOIN LATERAL ( \
+                 SELECT a.id, a.completed_at FROM analyses a \
+                 WHERE a.user_id = i.user_id AND a.repository = i.keyed_bare \
+                   AND a.commit = i.commit AND a.state = 'completed' \
+                 UNION ALL \
+                 SELECT a.id, a.completed_at FROM analyses a \
+                 WHERE a.user_id = i.user_id AND a.repository = i.keyed_git \
+                   AND a.commit = i.commit AND a.state = 'completed' \
+                 ORDER BY completed_at DESC LIMIT 1 \
+               ) f \
              ), source AS ( \
-               SELECT DISTINCT ON (i.ord) i.ord, gen_random_uuid() AS copy_id, i.user_id, \
-                      i.repository, i.keyed_bare, i.commit, i.requested_ref, \
-                      a.id AS source_id, a.result \
+               SELECT i.ord, gen_random_uuid() AS copy_id, i.user_id, i.repository, \
+                      i.keyed_bare, i.commit, i.requested_ref, f.id AS source_id, f.result \
                FROM input i \
-               JOIN analyses a ON a.repository = ANY (ARRAY[i.keyed_bare, i.keyed_git]) \
-                              AND a.commit = i.commit \
-                              AND a.state = 'completed' AND a.cached_from IS NULL \
+               CROSS JOIN LATERAL ( \
+                 SELECT a.id, a.result, a.completed_at FROM analyses a \
+                 WHERE a.repository = i.keyed_bare AND a.commit = i.commit \
+                   AND a.state = 'completed' AND a.cached_from IS NULL \
+                 UNION ALL \
+                 SELECT a.id, a.result, a.completed_at FROM analyses a \
+                 WHERE a.repository = i.keyed_git AND a.commit = i.commit \
+                   AND a.state = 'completed' AND a.cached_from IS NULL \
+                 ORDER BY completed_at DESC LIMIT 1 \
+               ) f \
                WHERE NOT EXISTS (SELECT 1 FROM own o WHERE o.ord = i.ord) \
                  AND NOT EXISTS (SELECT 1 FROM input e WHERE e.user_id = i.user_id \
                                  AND e.keyed_bare = i.keyed_bare AND e.commit = i.commit \
                                  AND e.ord < i.ord) \
-               ORDER BY i.ord, a.completed_at DESC \
              ), in_flight AS ( \
                SELECT i.ord, f.id AS own_id FROM input i \
                CROSS JOIN LATERAL ( \
