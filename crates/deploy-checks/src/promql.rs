@@ -1,6 +1,8 @@
 //! Which metric and label names a PromQL expression refers to, so a dashboard check can compare
-//! them with what Prometheus actually scraped. A small tokenizer, not a full parser: Prometheus
-//! itself is the parser of record (the check sends every expression to it); this only finds names.
+//! them with what Prometheus actually scraped, and its vector selectors with their matchers
+//! ([`selectors`]), so a check can find one not scoped by the dashboard's namespace. A small
+//! tokenizer, not a full parser: Prometheus itself is the parser of record (the check sends
+//! every expression to it); this only finds names and selectors.
 //!
 //! - a metric name is an identifier that is not followed by `(`, `by` or `without` (that would be
 //!   a function or an aggregation), is not a keyword, and is not inside `{…}`, `[…]` or a grouping clause;

@@ -216,7 +216,8 @@ fn add_errors(path: &str, method: &str, op: &mut Operation) {
         add(
             op,
             "409",
-            "The analysis (or specview) is not completed yet (`conflict`)",
+            "The analysis (or specview) is not completed (`conflict`; its `state`: `pending` or \
+             `running` will be, `failed` never will)",
             false,
         );
     }
@@ -233,7 +234,7 @@ fn add_errors(path: &str, method: &str, op: &mut Operation) {
             op,
             "503",
             "Not ready: database unreachable or migrations missing (`not_ready`)",
-            false,
+            true,
         );
     }
 }
