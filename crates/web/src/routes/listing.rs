@@ -148,8 +148,7 @@ pub async fn page<T: Listed>(
             Filter::State(state) => {
                 query
                     .push(" AND state = ")
-                    .push_bind(state.as_str())
-                    .push("::fairlane_work_state");
+                    .push_bind(records::WorkState::from(*state));
             }
             Filter::Repository(spellings) => {
                 query

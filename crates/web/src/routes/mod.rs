@@ -63,14 +63,16 @@ impl WorkState {
             _ => WorkState::Pending,
         }
     }
+}
 
-    /// The name, as the API and the database's `fairlane_work_state` spell it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WorkState::Pending => "pending",
-            WorkState::Running => "running",
-            WorkState::Completed => "completed",
-            WorkState::Failed => "failed",
+/// The database's name of the state (`fairlane_work_state`), for binding.
+impl From<WorkState> for records::WorkState {
+    fn from(state: WorkState) -> Self {
+        match state {
+            WorkState::Pending => records::WorkState::Pending,
+            WorkState::Running => records::WorkState::Running,
+            WorkState::Completed => records::WorkState::Completed,
+            WorkState::Failed => records::WorkState::Failed,
         }
     }
 }
