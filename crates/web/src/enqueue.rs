@@ -575,6 +575,27 @@ fn bind(
     add(args).map_err(|e| BatchError::BeforeCommit(Problem::internal(&e)))
 }
 
+/// Whether the work of a record is in flight, as SQL over the record's row `$record` (its `id`
+/// and `job_id`) whose job names it in its args under `$member`: that job exists, is not final
+/// and has no cancel asked of it. NULL (not true) when there is no such job. A request sent
+/// again answers with such work (docs/web.md, "Sent again"); analyses and specviews share the
+/// rule.
+macro_rules! job_in_flight {
+    ($record:literal, $member:literal) => {
+        concat!(
+            "(SELECT j.finalized_at IS NULL AND NOT j.metadata ? 'cancel_attempted_at' \
+             FROM fairlane_job j WHERE j.id = ",
+            $record,
+            ".job_id AND j.args ->> '",
+            $member,
+            "' = ",
+            $record,
+            ".id::text)"
+        )
+    };
+}
+pub(crate) use job_in_flight;
+
 /// The element types of the cache look-up's parameters in [`cached_and_standings_sql`], in
 /// [`cached_and_standings`]'s order: request ordinal, user, repository (normalised URL, what a
 /// copy stores), the two normalised URLs with its cache key
@@ -638,9 +659,7 @@ fn cached_and_standings_sql() -> &'static str {
                  ORDER BY created_at DESC, id DESC LIMIT 1 \
                ) f \
                WHERE NOT EXISTS (SELECT 1 FROM own o WHERE o.ord = i.ord) \
-                 AND (SELECT j.finalized_at IS NULL AND NOT j.metadata ? 'cancel_attempted_at' \
-                      FROM fairlane_job j \
-                      WHERE j.id = f.job_id AND j.args ->> 'analysis_id' = f.id::text) \
+                 AND {analysis_job_in_flight} \
                  AND (SELECT c.id FROM analyses c \
                       WHERE c.repository = i.keyed_bare AND c.commit = i.commit \
                         AND c.state = 'completed' AND c.cached_from IS NULL \
@@ -673,6 +692,7 @@ fn cached_and_standings_sql() -> &'static str {
              FROM quota_standing s FULL JOIN cache_hit h ON false",
             requests = queue::compose::unnest_params(1, &CACHE_TYPES),
             standings = quota::standings_cte(1 + CACHE_TYPES.len()),
+            analysis_job_in_flight = job_in_flight!("f", "analysis_id"),
         )
     })
 }

@@ -17,7 +17,7 @@ use super::{
 };
 use crate::auth::AuthUser;
 use crate::conditional::{self, IfNoneMatch};
-use crate::enqueue::{EnqueueRequest, Enqueued, NewRecord, enqueue};
+use crate::enqueue::{EnqueueRequest, Enqueued, NewRecord, enqueue, job_in_flight};
 use crate::extract::{ApiJson, ApiQuery, IdPath};
 use crate::large_reads::{Asked, Read};
 use crate::middleware::TimeoutWatch;
@@ -118,19 +118,17 @@ pub async fn create(
 ) -> Result<Response, Problem> {
     // The analysis, and the caller's newest specview of it still in flight (its job not final,
     // no cancel asked of it), if any.
-    let analysis: Option<(String, Option<Uuid>, Option<i64>)> = sqlx::query_as(
+    let analysis: Option<(String, Option<Uuid>, Option<i64>)> = sqlx::query_as(concat!(
         "SELECT a.state::text, s.id, s.job_id FROM analyses a \
          LEFT JOIN LATERAL ( \
            SELECT s.id, s.job_id FROM specviews s \
            WHERE s.analysis_id = a.id AND s.user_id = a.user_id \
-             AND s.state IN ('pending', 'running') \
-             AND (SELECT j.finalized_at IS NULL AND NOT j.metadata ? 'cancel_attempted_at' \
-                  FROM fairlane_job j \
-                  WHERE j.id = s.job_id AND j.args ->> 'specview_id' = s.id::text) \
-           ORDER BY s.created_at DESC, s.id DESC LIMIT 1 \
+             AND s.state IN ('pending', 'running') AND ",
+        job_in_flight!("s", "specview_id"),
+        " ORDER BY s.created_at DESC, s.id DESC LIMIT 1 \
          ) s ON true \
          WHERE a.id = $1 AND a.user_id = $2",
-    )
+    ))
     .bind(body.analysis_id)
     .bind(user.user_id)
     .fetch_optional(&state.pool)
