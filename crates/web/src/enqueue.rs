@@ -73,23 +73,70 @@ pub struct EnqueueRequest {
 #[derive(Debug, Clone)]
 pub enum Enqueued {
     /// The same repository and commit were already analysed (a completed record: the caller's,
-    /// or a copy of another's), or the caller's own analysis of them is still in flight (a
-    /// `pending` or `running` record and its job): no new job, no quota.
+    /// or a copy of another's): no job, no quota.
     Cached(AnalysisView),
+    /// The caller's own work of the same request is in flight: an earlier request's, or one
+    /// accepted in the same batch (docs/web.md, "Sent again"). No new job, no quota.
+    InFlight(InFlight),
     /// The job, enqueued with its reservation and record.
     Accepted(ComposedJob),
+}
+
+/// The caller's record whose work a request joined, and that record's job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InFlight {
+    pub record_id: Uuid,
+    pub job_id: i64,
+}
+
+/// What makes two requests the same work: one user's analysis of one repository (by cache key:
+/// either spelling) at one commit, or one user's specview of one analysis.
+#[derive(Debug, PartialEq, Eq, Hash)]
+enum SameWork<'a> {
+    Analysis(Uuid, &'a str, &'a str),
+    Specview(Uuid, Uuid),
+}
+
+/// For each of `items` at `pending` (in arrival order), the earlier one of them it is the same
+/// work as, if any: `(later, earlier)` pairs. The earlier request decides; the later ones join
+/// its outcome instead of each enqueuing and paying for a job.
+fn repeated_requests(items: &[&EnqueueRequest], pending: &[usize]) -> Vec<(usize, usize)> {
+    let mut first = std::collections::HashMap::new();
+    let mut repeats = Vec::new();
+    for &index in pending {
+        let item = items[index];
+        let work = match &item.record {
+            NewRecord::Analysis {
+                repository, commit, ..
+            } => SameWork::Analysis(item.user_id, repository.cache_key(), commit),
+            NewRecord::Specview { analysis_id, .. } => {
+                SameWork::Specview(item.user_id, *analysis_id)
+            }
+        };
+        match first.entry(work) {
+            std::collections::hash_map::Entry::Occupied(earlier) => {
+                repeats.push((index, *earlier.get()));
+            }
+            std::collections::hash_map::Entry::Vacant(slot) => {
+                slot.insert(index);
+            }
+        }
+    }
+    repeats
 }
 
 impl EnqueueRequest {
     /// `problem` naming the record this request creates (`analysis_id` or `specview_id`).
     fn with_record_id(&self, problem: Problem) -> Problem {
+        let (member, id) = self.record_id();
+        problem.with(member, id.to_string())
+    }
+
+    /// The record this request creates, with the member naming it (in answers and job args).
+    fn record_id(&self) -> (&'static str, Uuid) {
         match &self.record {
-            NewRecord::Analysis { analysis_id, .. } => {
-                problem.with("analysis_id", analysis_id.to_string())
-            }
-            NewRecord::Specview { specview_id, .. } => {
-                problem.with("specview_id", specview_id.to_string())
-            }
+            NewRecord::Analysis { analysis_id, .. } => ("analysis_id", *analysis_id),
+            NewRecord::Specview { specview_id, .. } => ("specview_id", *specview_id),
         }
     }
 
@@ -216,8 +263,9 @@ enum BatchError {
     /// The connection failed before `COMMIT` was sent: nothing happened, and the batch may run
     /// again on another connection.
     ConnectionLost(sqlx::Error),
-    /// The commit failed: whether it took effect is unknown.
-    AtCommit(Problem),
+    /// The commit failed: whether it took effect is unknown. One answer per request, each naming
+    /// the record to look up.
+    AtCommit(Vec<Problem>),
     /// A caller stopped waiting before the commit: rolled back, to run again without it.
     Abandoned,
 }
@@ -323,11 +371,9 @@ impl BatchRun for EnqueueRunner {
                 }
                 // At the commit, whose effect is unknown: never retried; each request is told
                 // its record's id, to look it up.
-                Err(BatchError::AtCommit(problem)) => {
-                    for pending in batch {
-                        let problem = problem.clone();
-                        let answer = pending.item.with_record_id(problem);
-                        pending.answer(Err(answer));
+                Err(BatchError::AtCommit(problems)) => {
+                    for (pending, problem) in batch.into_iter().zip(problems) {
+                        pending.answer(Err(problem));
                     }
                     return;
                 }
@@ -365,9 +411,12 @@ impl EnqueueRunner {
                     (Err(p), Solo::Busy)
                 }
                 Err(BatchError::BeforeCommit(p)) => (Err(p), Solo::Answered),
-                Err(BatchError::AtCommit(p)) => {
-                    (Err(pending.item.with_record_id(p)), Solo::Answered)
-                }
+                Err(BatchError::AtCommit(mut problems)) => (
+                    Err(problems
+                        .pop()
+                        .unwrap_or_else(|| Problem::internal(&"a failed commit gave no answer"))),
+                    Solo::Answered,
+                ),
                 Err(BatchError::ConnectionLost(e)) => {
                     let problem = Problem::from(e);
                     (Err(problem.clone()), Solo::Unreachable(problem))
@@ -406,9 +455,9 @@ impl EnqueueRunner {
         outcome
     }
 
-    /// Cache hits, then quota checks in arrival order, then jobs, reservations and records of the
-    /// granted requests; rolled back instead of committed if `abandoned()` says a caller stopped
-    /// waiting meanwhile.
+    /// Cache hits and work in flight, then quota checks in arrival order, then jobs, reservations
+    /// and records of the granted requests, a request repeated in the batch joining the outcome
+    /// of its first; rolled back instead of committed if a caller stopped waiting meanwhile.
     async fn enqueue_on(
         &self,
         conn: &mut PgConnection,
@@ -432,13 +481,25 @@ impl EnqueueRunner {
             .settle_period(&mut tx, plan, read.standings)
             .await?;
         let mut outcomes: Vec<Option<Outcome>> = items.iter().map(|_| None).collect();
-        for (index, view) in read.hits {
+        let answered = (read.hits.into_iter())
+            .map(|(index, view)| (index, Enqueued::Cached(view)))
+            .chain(
+                (read.in_flight.into_iter()).map(|(index, work)| (index, Enqueued::InFlight(work))),
+            );
+        for (index, answer) in answered {
             if let Some(outcome) = outcomes.get_mut(index) {
-                *outcome = Some(Ok(Enqueued::Cached(view)));
+                *outcome = Some(Ok(answer));
             }
         }
-        let pending: Vec<usize> = (0..items.len())
+        let new: Vec<usize> = (0..items.len())
             .filter(|&i| outcomes[i].is_none())
+            .collect();
+        // A request the batch holds twice (sent again before the first was answered) is decided
+        // once: the repeats join the first's outcome, as they would have after its commit.
+        let repeats = repeated_requests(items, &new);
+        let pending: Vec<usize> = new
+            .into_iter()
+            .filter(|i| !repeats.iter().any(|(repeat, _)| repeat == i))
             .collect();
         let pending_requests: Vec<(Uuid, Service)> = pending.iter().map(|&i| requests[i]).collect();
         let checks = self
@@ -462,6 +523,16 @@ impl EnqueueRunner {
                 outcomes[index] = Some(Ok(Enqueued::Accepted(job)));
             }
         }
+        for &(repeat, first) in &repeats {
+            outcomes[repeat] = Some(match &outcomes[first] {
+                Some(Ok(Enqueued::Accepted(job))) => Ok(Enqueued::InFlight(InFlight {
+                    record_id: items[first].record_id().1,
+                    job_id: job.id,
+                })),
+                Some(Err(problem)) => Err(problem.clone()),
+                _ => Err(Problem::internal(&"a repeated request's first got no job")),
+            });
+        }
         // Every caller must still be waiting, and none can give up as unchanged from here on.
         if !commit_claim::claim_all(items.iter().map(|item| &*item.claim)) {
             // A failed rollback leaves nothing either (the transaction never commits), but the
@@ -469,9 +540,20 @@ impl EnqueueRunner {
             tx.rollback().await?;
             return Err(BatchError::Abandoned);
         }
-        tx.commit()
-            .await
-            .map_err(|e| BatchError::AtCommit(Problem::commit_outcome_unknown(&e)))?;
+        tx.commit().await.map_err(|e| {
+            // A repeat is told the record of the request it joined.
+            let problem = Problem::commit_outcome_unknown(&e);
+            let named = |index: usize| {
+                (repeats.iter())
+                    .find(|(repeat, _)| *repeat == index)
+                    .map_or(index, |&(_, first)| first)
+            };
+            BatchError::AtCommit(
+                (0..items.len())
+                    .map(|i| items[named(i)].with_record_id(problem.clone()))
+                    .collect(),
+            )
+        })?;
         Ok(outcomes
             .into_iter()
             .map(|o| o.unwrap_or_else(|| Err(Problem::internal(&"a request got no outcome"))))
@@ -479,10 +561,11 @@ impl EnqueueRunner {
     }
 }
 
-/// What the batch's second statement read: cache hits by request index, and the quota
-/// standings of the batch's plan.
+/// What the batch's second statement read: cache hits and work in flight by request index, and
+/// the quota standings of the batch's plan.
 struct BatchRead {
     hits: Vec<(usize, AnalysisView)>,
+    in_flight: Vec<(usize, InFlight)>,
     standings: Vec<quota::StandingRow>,
 }
 
@@ -493,10 +576,11 @@ struct BatchRead {
 /// public commit is the same for everybody) made for the caller in the same statement, or else
 /// the caller's own analysis of it still in flight (`pending` or `running`, its job not final
 /// and no cancel asked of it: a request sent again, after a timeout say, gets the job it
-/// started instead of a second, billed one). The
-/// repository is matched by its cache key, so an analysis of `…/o/r.git` serves `…/o/r`; the
-/// copy stores the caller's spelling, its result the one that was fetched. The two
-/// row sets come back side by side (`FULL JOIN … ON false`), each row filled from one of them.
+/// started instead of a second, billed one); and for each specview request, the caller's own
+/// specview of the analysis in flight. The repository is matched by its cache key, so an
+/// analysis of `…/o/r.git` serves `…/o/r`; the copy stores the caller's spelling, its result
+/// the one that was fetched. The three row sets come back side by side (`FULL JOIN … ON
+/// false`), each row filled from one of them.
 async fn cached_and_standings(
     conn: &mut PgConnection,
     items: &[&EnqueueRequest],
@@ -509,7 +593,14 @@ async fn cached_and_standings(
     let mut keyed_git = Vec::new();
     let mut commits = Vec::new();
     let mut refs = Vec::new();
+    let (mut s_ords, mut s_users, mut s_analyses) = (Vec::new(), Vec::new(), Vec::new());
     for (index, item) in items.iter().enumerate() {
+        let ord = i64::try_from(index).unwrap_or(i64::MAX);
+        if let NewRecord::Specview { analysis_id, .. } = &item.record {
+            s_ords.push(ord);
+            s_users.push(item.user_id);
+            s_analyses.push(*analysis_id);
+        }
         if let NewRecord::Analysis {
             repository,
             requested_ref,
@@ -517,7 +608,7 @@ async fn cached_and_standings(
             ..
         } = &item.record
         {
-            ords.push(i64::try_from(index).unwrap_or(i64::MAX));
+            ords.push(ord);
             users.push(item.user_id);
             repositories.push(repository.as_str());
             let [bare, git] = repository.cache_spellings();
@@ -535,7 +626,10 @@ async fn cached_and_standings(
         args.add(keyed_bare)?;
         args.add(keyed_git)?;
         args.add(commits)?;
-        args.add(refs)
+        args.add(refs)?;
+        args.add(s_ords)?;
+        args.add(s_users)?;
+        args.add(s_analyses)
     })?;
     plan.bind_standings(&mut args)
         .map_err(crate::quota_problem)?;
@@ -544,23 +638,29 @@ async fn cached_and_standings(
         .await?;
     let mut read = BatchRead {
         hits: Vec::new(),
+        in_flight: Vec::new(),
         standings: Vec::with_capacity(rows.len()),
     };
+    let index = |ord: i64| usize::try_from(ord).ok();
     for row in rows {
-        match row.try_get::<Option<i64>, _>("standing_ord")? {
-            Some(ord) => read.standings.push(quota::StandingRow {
+        let standing: Option<i64> = row.try_get("standing_ord")?;
+        let flight: Option<i64> = row.try_get("flight_ord")?;
+        if let Some(ord) = standing {
+            read.standings.push(quota::StandingRow {
                 ord,
                 tier: row.try_get("standing_tier")?,
                 used: row.try_get("standing_used")?,
                 reserved: row.try_get("standing_reserved")?,
                 read_at: row.try_get("standing_read_at")?,
-            }),
-            None => {
-                let ord: i64 = row.try_get("ord")?;
-                if let Ok(index) = usize::try_from(ord) {
-                    read.hits.push((index, AnalysisView::from_row(&row)?));
-                }
-            }
+            });
+        } else if let Some(index) = flight.and_then(index) {
+            let work = InFlight {
+                record_id: row.try_get("flight_id")?,
+                job_id: row.try_get("flight_job_id")?,
+            };
+            read.in_flight.push((index, work));
+        } else if let Some(index) = index(row.try_get("ord")?) {
+            read.hits.push((index, AnalysisView::from_row(&row)?));
         }
     }
     Ok(read)
@@ -594,7 +694,6 @@ macro_rules! job_in_flight {
         )
     };
 }
-pub(crate) use job_in_flight;
 
 /// The element types of the cache look-up's parameters in [`cached_and_standings_sql`], in
 /// [`cached_and_standings`]'s order: request ordinal, user, repository (normalised URL, what a
@@ -603,8 +702,12 @@ pub(crate) use job_in_flight;
 /// requested ref.
 const CACHE_TYPES: [&str; 7] = ["int8", "uuid", "text", "text", "text", "text", "text"];
 
+/// The element types of the specview requests' parameters in [`cached_and_standings_sql`], after
+/// [`CACHE_TYPES`]: request ordinal, user, analysis.
+const SPECVIEW_TYPES: [&str; 3] = ["int8", "uuid", "uuid"];
+
 /// The statement of [`cached_and_standings`], built once: the cache look-up's parameters first,
-/// then the standings'. Each look-up is a lateral subquery per request with one branch per
+/// then the specview look-up's, then the standings'. Each look-up is a lateral subquery per request with one branch per
 /// spelling of the repository, matched by equality, so the whole key of its index
 /// (`analyses_user`, `analyses_cache`) is the index condition whatever the statistics the
 /// connection's generic plan was made from (ADR 0019): `= ANY (ARRAY[…])` was left out of it by
@@ -616,6 +719,8 @@ fn cached_and_standings_sql() -> &'static str {
             "WITH input AS ( \
                SELECT * FROM {requests} \
                  AS t(ord, user_id, repository, keyed_bare, keyed_git, commit, requested_ref) \
+             ), specview_input AS ( \
+               SELECT * FROM {specview_requests} AS t(ord, user_id, analysis_id) \
              ), own AS ( \
                SELECT i.ord, f.id AS own_id FROM input i \
                CROSS JOIN LATERAL ( \
@@ -647,7 +752,7 @@ fn cached_and_standings_sql() -> &'static str {
                                  AND e.keyed_bare = i.keyed_bare AND e.commit = i.commit \
                                  AND e.ord < i.ord) \
              ), in_flight AS ( \
-               SELECT i.ord, f.id AS own_id FROM input i \
+               SELECT i.ord, f.id, f.job_id FROM input i \
                CROSS JOIN LATERAL ( \
                  SELECT a.id, a.job_id, a.created_at FROM analyses a \
                  WHERE a.user_id = i.user_id AND a.repository = i.keyed_bare \
@@ -668,6 +773,14 @@ fn cached_and_standings_sql() -> &'static str {
                       WHERE c.repository = i.keyed_git AND c.commit = i.commit \
                         AND c.state = 'completed' AND c.cached_from IS NULL \
                       LIMIT 1) IS NULL \
+               UNION ALL \
+               SELECT i.ord, f.id, f.job_id FROM specview_input i \
+               CROSS JOIN LATERAL ( \
+                 SELECT s.id, s.job_id FROM specviews s \
+                 WHERE s.analysis_id = i.analysis_id AND s.user_id = i.user_id \
+                   AND s.state IN ('pending', 'running') AND {specview_job_in_flight} \
+                 ORDER BY s.created_at DESC, s.id DESC LIMIT 1 \
+               ) f \
              ), copied AS ( \
                INSERT INTO analyses (id, user_id, repository, requested_ref, commit, state, \
                                      cached_from, result, completed_at) \
@@ -683,16 +796,17 @@ fn cached_and_standings_sql() -> &'static str {
                           AND source.commit = i.commit \
                JOIN copied ON copied.id = source.copy_id \
                WHERE NOT EXISTS (SELECT 1 FROM own o WHERE o.ord = i.ord) \
-               UNION ALL \
-               SELECT in_flight.ord, {ANALYSIS_COLUMNS_WITHOUT_RESULT} FROM in_flight \
-               JOIN analyses ON analyses.id = in_flight.own_id \
              ), {standings} \
              SELECT s.ord AS standing_ord, s.tier AS standing_tier, s.used AS standing_used, \
-                    s.reserved AS standing_reserved, s.read_at AS standing_read_at, h.* \
-             FROM quota_standing s FULL JOIN cache_hit h ON false",
+                    s.reserved AS standing_reserved, s.read_at AS standing_read_at, \
+                    v.ord AS flight_ord, v.id AS flight_id, v.job_id AS flight_job_id, h.* \
+             FROM quota_standing s FULL JOIN cache_hit h ON false FULL JOIN in_flight v ON false",
             requests = queue::compose::unnest_params(1, &CACHE_TYPES),
-            standings = quota::standings_cte(1 + CACHE_TYPES.len()),
+            specview_requests =
+                queue::compose::unnest_params(1 + CACHE_TYPES.len(), &SPECVIEW_TYPES),
+            standings = quota::standings_cte(1 + CACHE_TYPES.len() + SPECVIEW_TYPES.len()),
             analysis_job_in_flight = job_in_flight!("f", "analysis_id"),
+            specview_job_in_flight = job_in_flight!("s", "specview_id"),
         )
     })
 }
@@ -828,6 +942,57 @@ mod tests {
         found
     }
 
+    fn analysis(user: Uuid, repository: &str, commit: &str) -> EnqueueRequest {
+        let repository =
+            inventory::check_url(repository, &inventory::UrlPolicy::default()).unwrap();
+        EnqueueRequest::new(
+            user,
+            NewRecord::Analysis {
+                analysis_id: Uuid::now_v7(),
+                repository,
+                requested_ref: None,
+                commit: commit.to_owned(),
+            },
+        )
+    }
+
+    fn specview(user: Uuid, analysis_id: Uuid) -> EnqueueRequest {
+        let specview_id = Uuid::now_v7();
+        EnqueueRequest::new(
+            user,
+            NewRecord::Specview {
+                specview_id,
+                analysis_id,
+            },
+        )
+    }
+
+    #[test]
+    fn a_request_repeated_in_a_batch_joins_the_first_of_the_same_work() {
+        let (alice, bob, done) = (Uuid::now_v7(), Uuid::now_v7(), Uuid::now_v7());
+        let requests = [
+            analysis(alice, "https://github.com/o/r", "a1"),
+            // Another user, another commit, another repository: other work.
+            analysis(bob, "https://github.com/o/r", "a1"),
+            analysis(alice, "https://github.com/o/r", "b2"),
+            analysis(alice, "https://github.com/o/s", "a1"),
+            // The other spelling of the first: the same.
+            analysis(alice, "https://github.com/o/r.git", "a1"),
+            specview(alice, done),
+            specview(bob, done),
+            specview(alice, done),
+            analysis(alice, "https://github.com/o/r", "a1"),
+        ];
+        let items: Vec<&EnqueueRequest> = requests.iter().collect();
+        let all: Vec<usize> = (0..items.len()).collect();
+        assert_eq!(repeated_requests(&items, &all), [(4, 0), (7, 5), (8, 0)]);
+        // Only the requests still to decide count: with the first answered otherwise (a cache
+        // hit), its first repeat decides for the rest.
+        let pending: Vec<usize> = (1..items.len()).collect();
+        assert_eq!(repeated_requests(&items, &pending), [(7, 5), (8, 4)]);
+        assert!(repeated_requests(&items, &[]).is_empty());
+    }
+
     #[test]
     fn the_statements_use_every_parameter_their_parts_bind_and_no_other() {
         let accepted = queue::compose::JOBS_CTE_PARAMS
@@ -838,7 +1003,7 @@ mod tests {
             placeholders(accepted_sql()),
             (1..=accepted).collect::<Vec<_>>()
         );
-        let read = CACHE_TYPES.len() + quota::STANDINGS_CTE_PARAMS;
+        let read = CACHE_TYPES.len() + SPECVIEW_TYPES.len() + quota::STANDINGS_CTE_PARAMS;
         assert_eq!(
             placeholders(cached_and_standings_sql()),
             (1..=read).collect::<Vec<_>>()

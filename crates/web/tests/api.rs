@@ -1138,6 +1138,93 @@ async fn identical_cache_hits_in_one_batch_share_one_copy() {
     s.stop().await;
 }
 
+/// Identical new requests of one user that meet in one enqueue batch get one job between them,
+/// as requests one after the other do (docs/web.md, "Sent again"): one reservation, so a user
+/// with one unit left gets 202 for each, not one 202 and `quota_exceeded` for the rest. Either
+/// spelling of the repository, and the commit in either case, is the same analysis; specviews
+/// of one analysis likewise.
+#[tokio::test]
+async fn identical_new_requests_in_one_batch_share_one_job() {
+    let db = TestDb::new().await;
+    let s = start(&db).await;
+    let (parked, parked_key) = user_with_key(&db.pool, "pro").await;
+    let (caller, key) = user_with_key(&db.pool, "free").await;
+    // One unit of each left: free has 50 analyses and 5 specviews.
+    seed_usage(&db.pool, caller, "analysis", 49).await;
+    seed_usage(&db.pool, caller, "specview", 4).await;
+    let repository = "https://github.com/fairlane-test/fixture.git";
+    completed_analysis(&db.pool, caller, repository, &sha(7)).await;
+    let (done,): (uuid::Uuid,) =
+        sqlx::query_as("SELECT id FROM analyses WHERE user_id = $1 AND state = 'completed'")
+            .bind(caller)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    // The collector's batch waits for a held row, so the identical requests queue together.
+    let holder = hold_user_row(&db.pool, parked).await;
+    let first = {
+        let http = s.http.clone();
+        tokio::spawn(async move {
+            http.post_json("/v1/analyses", &parked_key, &analysis_body(1))
+                .await
+        })
+    };
+    support::until_a_lock_waits(&db.pool, "the first batch to block").await;
+    let send = |path: &'static str, body: Value| {
+        let (http, key) = (s.http.clone(), key.clone());
+        tokio::spawn(async move { http.post_json(path, &key, &body).await })
+    };
+    let analyses: Vec<_> = (0..8)
+        .map(|n| {
+            let body = if n % 2 == 0 {
+                json!({"repository": repository, "ref": sha(3)})
+            } else {
+                json!({"repository": "https://github.com/fairlane-test/fixture", "ref": sha(3).to_uppercase()})
+            };
+            send("/v1/analyses", body)
+        })
+        .collect();
+    let specviews: Vec<_> = (0..8)
+        .map(|_| send("/v1/specviews", json!({"analysis_id": done})))
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    holder.rollback().await.unwrap();
+    assert_eq!(first.await.unwrap().status, 202);
+    for (answers, id) in [(analyses, "analysis_id"), (specviews, "specview_id")] {
+        let mut answered = std::collections::BTreeSet::new();
+        for answer in answers {
+            let r = answer.await.unwrap();
+            assert_eq!(r.status, 202, "{}", r.text());
+            let job = r.json()["job"]["id"].as_i64().unwrap();
+            assert_eq!(
+                r.header("location"),
+                Some(format!("/v1/jobs/{job}").as_str())
+            );
+            answered.insert((
+                r.json()[id].as_str().unwrap().to_owned(),
+                r.json()["job"].to_string(),
+            ));
+        }
+        assert_eq!(answered.len(), 1, "one {id} and job: {answered:?}");
+    }
+    let written: (i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM fairlane_job WHERE args ->> 'user_id' = $1::text), \
+                (SELECT count(*) FROM quota_reservations WHERE user_id = $1), \
+                (SELECT count(*) FROM analyses WHERE user_id = $1), \
+                (SELECT count(*) FROM specviews WHERE user_id = $1)",
+    )
+    .bind(caller)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        written,
+        (2, 2, 2, 1),
+        "jobs, reservations, analyses, specviews"
+    );
+    s.stop().await;
+}
+
 #[tokio::test]
 async fn cache_hits_return_the_stored_result_without_job_reservation_or_usage() {
     let db = TestDb::new().await;

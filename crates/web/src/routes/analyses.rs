@@ -196,38 +196,6 @@ pub async fn create(
             if let Some(Extension(watch)) = &after_commit {
                 watch.outcome_unknown();
             }
-            // The caller's own analysis of this commit, still in flight: its job, as the
-            // request that started it was answered. The batch found the job live; one gone
-            // since (cleaned long after it ended) is not answered as a cache hit.
-            if matches!(view.record.state, WorkState::Pending | WorkState::Running) {
-                let analysis_id = view.record.id;
-                let job = match view.record.job_id {
-                    Some(job_id) => {
-                        super::owned_job_summary(
-                            &state,
-                            job_id,
-                            user.user_id,
-                            ("analysis_id", analysis_id),
-                        )
-                        .await?
-                    }
-                    None => None,
-                };
-                let Some(job) = job else {
-                    return Err(Problem::internal(&format!(
-                        "analysis {analysis_id} in flight has no job of its own"
-                    )));
-                };
-                let job_id = job.id;
-                return Ok(super::accepted_job(
-                    AnalysisAccepted {
-                        analysis_id,
-                        commit: view.record.commit,
-                        job,
-                    },
-                    job_id,
-                ));
-            }
             let committed = |e: &dyn std::fmt::Display| {
                 Problem::committed_unread(e, "analysis (served from the cache)")
                     .with("analysis_id", view.record.id.to_string())
@@ -237,6 +205,23 @@ pub async fn create(
                 .map_err(|e| committed(&e))?
                 .map(|(response, _)| response)
                 .ok_or_else(|| committed(&"a cached analysis vanished after its commit"))
+        }
+        // The caller's own analysis of this commit, in flight: its job, as the request that
+        // started it was answered. That request may have committed in this batch, so a timeout
+        // meanwhile must not say "nothing was changed".
+        Enqueued::InFlight(work) => {
+            if let Some(Extension(watch)) = &after_commit {
+                watch.outcome_unknown();
+            }
+            let job = super::in_flight_job(&state, user.user_id, "analysis_id", work).await?;
+            Ok(super::accepted_job(
+                AnalysisAccepted {
+                    analysis_id: work.record_id,
+                    commit,
+                    job,
+                },
+                work.job_id,
+            ))
         }
         Enqueued::Accepted(job) => {
             let job_id = job.id;

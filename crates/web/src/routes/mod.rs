@@ -17,6 +17,8 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+use crate::problem::Problem;
+
 /// A job's state (SPEC §3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
@@ -422,29 +424,36 @@ pub const MARKDOWN_COLUMNS_WEIGHED: &str = concat!(
     ") THEN octet_length(markdown)::bigint END AS large_text_bytes"
 );
 
-/// The summary of `user`'s job `id` that fills the record `record_id` (named in its args under
-/// `member`, `analysis_id` or `specview_id`), if it still exists: a job id alone could name
-/// another job once ids start over (a `fairlane_job` restored apart from the records).
-pub async fn owned_job_summary(
+/// The summary of the job of `user`'s work in flight, which fills the record `work.record_id`
+/// (named in the job's args under `member`, `analysis_id` or `specview_id`): a job id alone could
+/// name another job once ids start over (a `fairlane_job` restored apart from the records). The
+/// batch found the job live; one gone since (cleaned long after it ended) is an internal problem.
+pub async fn in_flight_job(
     state: &crate::state::AppState,
-    id: i64,
     user: Uuid,
-    (member, record_id): (&str, Uuid),
-) -> Result<Option<JobSummary>, sqlx::Error> {
+    member: &str,
+    work: crate::enqueue::InFlight,
+) -> Result<JobSummary, Problem> {
     let row: Option<JobRow> = sqlx::query_as(
         "SELECT * FROM fairlane_job WHERE id = $1 AND user_id = $2 AND args ->> $3 = $4::text",
     )
-    .bind(id)
+    .bind(work.job_id)
     .bind(user)
     .bind(member)
-    .bind(record_id)
+    .bind(work.record_id)
     .fetch_optional(&state.pool)
     .await?;
-    Ok(row.map(|job| JobSummary {
+    let job = row.ok_or_else(|| {
+        Problem::internal(&format!(
+            "{member} {} in flight has no job of its own",
+            work.record_id
+        ))
+    })?;
+    Ok(JobSummary {
         id: job.id,
         state: job.state.into(),
         queue: job.queue,
-    }))
+    })
 }
 
 /// `202 Accepted` with `body` and a `Location` header naming the enqueued job's URL.

@@ -17,7 +17,7 @@ use super::{
 };
 use crate::auth::AuthUser;
 use crate::conditional::{self, IfNoneMatch};
-use crate::enqueue::{EnqueueRequest, Enqueued, NewRecord, enqueue, job_in_flight};
+use crate::enqueue::{EnqueueRequest, Enqueued, NewRecord, enqueue};
 use crate::extract::{ApiJson, ApiQuery, IdPath};
 use crate::large_reads::{Asked, Read};
 use crate::middleware::TimeoutWatch;
@@ -116,23 +116,14 @@ pub async fn create(
     watch: Option<Extension<TimeoutWatch>>,
     ApiJson(body): ApiJson<CreateSpecview>,
 ) -> Result<Response, Problem> {
-    // The analysis, and the caller's newest specview of it still in flight (its job not final,
-    // no cancel asked of it), if any.
-    let analysis: Option<(String, Option<Uuid>, Option<i64>)> = sqlx::query_as(concat!(
-        "SELECT a.state::text, s.id, s.job_id FROM analyses a \
-         LEFT JOIN LATERAL ( \
-           SELECT s.id, s.job_id FROM specviews s \
-           WHERE s.analysis_id = a.id AND s.user_id = a.user_id \
-             AND s.state IN ('pending', 'running') AND ",
-        job_in_flight!("s", "specview_id"),
-        " ORDER BY s.created_at DESC, s.id DESC LIMIT 1 \
-         ) s ON true \
-         WHERE a.id = $1 AND a.user_id = $2",
-    ))
-    .bind(body.analysis_id)
-    .bind(user.user_id)
-    .fetch_optional(&state.pool)
-    .await?;
+    // The analysis must be the caller's and completed. Whether a specview of it is in flight is
+    // the batch's to find, under the caller's lock.
+    let analysis: Option<String> =
+        sqlx::query_scalar("SELECT state::text FROM analyses WHERE id = $1 AND user_id = $2")
+            .bind(body.analysis_id)
+            .bind(user.user_id)
+            .fetch_optional(&state.pool)
+            .await?;
     match analysis {
         None => {
             return Err(Problem::not_found(format!(
@@ -140,7 +131,7 @@ pub async fn create(
                 body.analysis_id
             )));
         }
-        Some((s, _, _)) if s != "completed" => {
+        Some(s) if s != "completed" => {
             // `state` tells waiting (pending, running) from never (failed).
             let detail = if s == "failed" {
                 format!(
@@ -156,23 +147,6 @@ pub async fn create(
             };
             return Err(Problem::conflict(detail).with("state", s));
         }
-        // A request sent again (after a timeout, say) gets the job it started, not a second,
-        // billed one. Requests sent at once may both enqueue: this is no lock.
-        Some((_, Some(specview_id), Some(job_id))) => {
-            if let Some(job) =
-                super::owned_job_summary(&state, job_id, user.user_id, ("specview_id", specview_id))
-                    .await?
-            {
-                return Ok(super::accepted_job(
-                    SpecviewAccepted {
-                        specview_id,
-                        analysis_id: body.analysis_id,
-                        job,
-                    },
-                    job_id,
-                ));
-            }
-        }
         Some(_) => {}
     }
     let specview_id = Uuid::now_v7();
@@ -180,6 +154,7 @@ pub async fn create(
         specview_id,
         analysis_id: body.analysis_id,
     };
+    let after_commit = watch.clone();
     match enqueue(
         &state.enqueuer,
         EnqueueRequest::new(user.user_id, record),
@@ -187,6 +162,23 @@ pub async fn create(
     )
     .await?
     {
+        // A request sent again (after a timeout, say) gets the job it started, not a second,
+        // billed one; that may have committed in this batch, so a timeout meanwhile must not
+        // say "nothing was changed".
+        Enqueued::InFlight(work) => {
+            if let Some(Extension(watch)) = &after_commit {
+                watch.outcome_unknown();
+            }
+            let job = super::in_flight_job(&state, user.user_id, "specview_id", work).await?;
+            Ok(super::accepted_job(
+                SpecviewAccepted {
+                    specview_id: work.record_id,
+                    analysis_id: body.analysis_id,
+                    job,
+                },
+                work.job_id,
+            ))
+        }
         Enqueued::Accepted(job) => {
             let job_id = job.id;
             Ok(super::accepted_job(
