@@ -838,11 +838,14 @@ pub const STANDINGS_CTE_PARAMS: usize = 4;
 /// safe side (it can only refuse, never overspend), and spares the check a look-up of every
 /// pending job. One statement reads used and reserved units (one snapshot: a completion that
 /// moves units from reserved to used is seen entirely or not at all), at a cost per pair that
-/// does not grow with the jobs waiting or the events billed.
+/// does not grow with the jobs waiting or the events billed. The tier (NULL for a user gone) and
+/// each sum are scalar subqueries, which PostgreSQL runs as index probes per pair and never
+/// turns into joins, so a generic plan made while the tables were nearly empty holds (a join of
+/// `users` was planned as a scan of every user).
 pub fn standings_cte(first: usize) -> String {
     format!(
         "quota_standing AS ( \
-           SELECT i.ord, u.tier::text AS tier, \
+           SELECT i.ord, (SELECT u.tier::text FROM users u WHERE u.id = i.user_id) AS tier, \
              (SELECT COALESCE(SUM(d.used), 0)::int8 FROM quota_used_daily d \
                WHERE d.user_id = i.user_id AND d.event_type = i.event_type \
                  AND d.day >= ${start}::date AND d.day < ${end}::date) AS used, \
@@ -854,7 +857,6 @@ pub fn standings_cte(first: usize) -> String {
              (SELECT clock_timestamp()) AS read_at \
            FROM unnest(${users}::uuid[], ${events}::text[]::fairlane_usage_event_type[]) \
                 WITH ORDINALITY AS i(user_id, event_type, ord) \
-           LEFT JOIN users u ON u.id = i.user_id \
          )",
         users = first,
         events = first + 1,

@@ -707,12 +707,19 @@ const CACHE_TYPES: [&str; 7] = ["int8", "uuid", "text", "text", "text", "text", 
 const SPECVIEW_TYPES: [&str; 3] = ["int8", "uuid", "uuid"];
 
 /// The statement of [`cached_and_standings`], built once: the cache look-up's parameters first,
-/// then the specview look-up's, then the standings'. Each look-up is a lateral subquery per request with one branch per
-/// spelling of the repository, matched by equality, so the whole key of its index
-/// (`analyses_user`, `analyses_cache`) is the index condition whatever the statistics the
-/// connection's generic plan was made from (ADR 0019): `= ANY (ARRAY[…])` was left out of it by
-/// a plan made while the tables were small, and an `IN (…)` becomes an `OR` no index takes.
-fn cached_and_standings_sql() -> &'static str {
+/// then the specview look-up's, then the standings'. It is public for the plan tests
+/// (`tests/plans.rs`). Each look-up is a lateral subquery per request with one branch per
+/// spelling of the repository, matched by equality, so its index's key is the index condition
+/// whatever the statistics the connection's generic plan was made from (ADR 0019): `= ANY
+/// (ARRAY[…])` was left out of it by a plan made while the tables were small, and an `IN (…)`
+/// becomes an `OR` no index takes. A plan made before the first `ANALYZE` also prefers a
+/// partial index of completed analyses whose key is the repository alone, so the caller's own
+/// completed analysis compares the state as text, which no partial index's predicate matches:
+/// `analyses_user` (user, repository, commit) is left. A specview's user is compared with `IS
+/// NOT DISTINCT FROM`, no index condition, so the specview look-up takes `specviews_analysis`
+/// in its order rather than intersecting it with all the user's specviews. Records are read in
+/// the look-ups themselves, not joined again by id (a join planned as a scan of `analyses`).
+pub fn cached_and_standings_sql() -> &'static str {
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SQL.get_or_init(|| {
         format!(
@@ -722,15 +729,15 @@ fn cached_and_standings_sql() -> &'static str {
              ), specview_input AS ( \
                SELECT * FROM {specview_requests} AS t(ord, user_id, analysis_id) \
              ), own AS ( \
-               SELECT i.ord, f.id AS own_id FROM input i \
+               SELECT i.ord, f.* FROM input i \
                CROSS JOIN LATERAL ( \
-                 SELECT a.id, a.completed_at FROM analyses a \
+                 SELECT {ANALYSIS_COLUMNS_WITHOUT_RESULT} FROM analyses a \
                  WHERE a.user_id = i.user_id AND a.repository = i.keyed_bare \
-                   AND a.commit = i.commit AND a.state = 'completed' \
+                   AND a.commit = i.commit AND a.state::text = 'completed' \
                  UNION ALL \
-                 SELECT a.id, a.completed_at FROM analyses a \
+                 SELECT {ANALYSIS_COLUMNS_WITHOUT_RESULT} FROM analyses a \
                  WHERE a.user_id = i.user_id AND a.repository = i.keyed_git \
-                   AND a.commit = i.commit AND a.state = 'completed' \
+                   AND a.commit = i.commit AND a.state::text = 'completed' \
                  ORDER BY completed_at DESC LIMIT 1 \
                ) f \
              ), source AS ( \
@@ -777,7 +784,7 @@ fn cached_and_standings_sql() -> &'static str {
                SELECT i.ord, f.id, f.job_id FROM specview_input i \
                CROSS JOIN LATERAL ( \
                  SELECT s.id, s.job_id FROM specviews s \
-                 WHERE s.analysis_id = i.analysis_id AND s.user_id = i.user_id \
+                 WHERE s.analysis_id = i.analysis_id AND s.user_id IS NOT DISTINCT FROM i.user_id \
                    AND s.state IN ('pending', 'running') AND {specview_job_in_flight} \
                  ORDER BY s.created_at DESC, s.id DESC LIMIT 1 \
                ) f \
@@ -788,8 +795,7 @@ fn cached_and_standings_sql() -> &'static str {
                       source_id, result, now() FROM source \
                RETURNING {ANALYSIS_COLUMNS_WITHOUT_RESULT} \
              ), cache_hit AS ( \
-               SELECT own.ord, {ANALYSIS_COLUMNS_WITHOUT_RESULT} FROM own \
-               JOIN analyses ON analyses.id = own.own_id \
+               SELECT * FROM own \
                UNION ALL \
                SELECT i.ord, copied.* FROM input i \
                JOIN source ON source.user_id = i.user_id AND source.keyed_bare = i.keyed_bare \
