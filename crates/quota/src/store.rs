@@ -839,9 +839,9 @@ pub const STANDINGS_CTE_PARAMS: usize = 4;
 /// pending job. One statement reads used and reserved units (one snapshot: a completion that
 /// moves units from reserved to used is seen entirely or not at all), at a cost per pair that
 /// does not grow with the jobs waiting or the events billed. The tier (NULL for a user gone) and
-/// each sum are scalar subqueries, which PostgreSQL runs as index probes per pair and never
-/// turns into joins, so a generic plan made while the tables were nearly empty holds (a join of
-/// `users` was planned as a scan of every user).
+/// each sum are scalar subqueries, which PostgreSQL runs per pair and never turns into joins: a
+/// join of `users`, planned generically while the tables were nearly empty, hashed a scan of
+/// every user for each batch, kept until an `ANALYZE`.
 pub fn standings_cte(first: usize) -> String {
     format!(
         "quota_standing AS ( \

@@ -8,7 +8,9 @@
 //!    held; the requests are then decided in Rust ([`quota::Quota::decide`]);
 //! 3. one statement that writes the jobs, reservations and records together.
 //!
-//! Per request the outcome is what it would be alone: a cache hit (analyses), a refusal
+//! Per request the outcome is what it would be had the batch's requests come one after another:
+//! a cache hit (analyses), the caller's work of the same request already in flight (an earlier
+//! request's, or one accepted earlier in the same batch: no second job), a refusal
 //! (`quota_exceeded`, decided in arrival order under the users' locks, so the limit holds
 //! exactly), or an accepted job whose reservation and record commit with it. If the batch's
 //! transaction fails before its commit, nothing of it exists and each request is retried alone,
@@ -497,10 +499,9 @@ impl EnqueueRunner {
         // A request the batch holds twice (sent again before the first was answered) is decided
         // once: the repeats join the first's outcome, as they would have after its commit.
         let repeats = repeated_requests(items, &new);
-        let pending: Vec<usize> = new
-            .into_iter()
-            .filter(|i| !repeats.iter().any(|(repeat, _)| repeat == i))
-            .collect();
+        let repeated: std::collections::HashSet<usize> =
+            repeats.iter().map(|&(repeat, _)| repeat).collect();
+        let pending: Vec<usize> = new.into_iter().filter(|i| !repeated.contains(i)).collect();
         let pending_requests: Vec<(Uuid, Service)> = pending.iter().map(|&i| requests[i]).collect();
         let checks = self
             .quota
@@ -541,16 +542,17 @@ impl EnqueueRunner {
             return Err(BatchError::Abandoned);
         }
         tx.commit().await.map_err(|e| {
-            // A repeat is told the record of the request it joined.
+            // Each request is told the record to look up: the one whose work it joined, or its
+            // own.
             let problem = Problem::commit_outcome_unknown(&e);
-            let named = |index: usize| {
-                (repeats.iter())
-                    .find(|(repeat, _)| *repeat == index)
-                    .map_or(index, |&(_, first)| first)
-            };
             BatchError::AtCommit(
-                (0..items.len())
-                    .map(|i| items[named(i)].with_record_id(problem.clone()))
+                (items.iter().zip(&outcomes))
+                    .map(|(item, outcome)| match outcome {
+                        Some(Ok(Enqueued::InFlight(work))) => problem
+                            .clone()
+                            .with(item.record_id().0, work.record_id.to_string()),
+                        _ => item.with_record_id(problem.clone()),
+                    })
                     .collect(),
             )
         })?;
@@ -709,16 +711,18 @@ const SPECVIEW_TYPES: [&str; 3] = ["int8", "uuid", "uuid"];
 /// The statement of [`cached_and_standings`], built once: the cache look-up's parameters first,
 /// then the specview look-up's, then the standings'. It is public for the plan tests
 /// (`tests/plans.rs`). Each look-up is a lateral subquery per request with one branch per
-/// spelling of the repository, matched by equality, so its index's key is the index condition
-/// whatever the statistics the connection's generic plan was made from (ADR 0019): `= ANY
-/// (ARRAY[…])` was left out of it by a plan made while the tables were small, and an `IN (…)`
+/// spelling of the repository, matched by equality (ADR 0019): `= ANY (ARRAY[…])` was left out
+/// of the index condition by a generic plan made while the tables were small, and an `IN (…)`
 /// becomes an `OR` no index takes. A plan made before the first `ANALYZE` also prefers a
 /// partial index of completed analyses whose key is the repository alone, so the caller's own
 /// completed analysis compares the state as text, which no partial index's predicate matches:
-/// `analyses_user` (user, repository, commit) is left. A specview's user is compared with `IS
-/// NOT DISTINCT FROM`, no index condition, so the specview look-up takes `specviews_analysis`
-/// in its order rather than intersecting it with all the user's specviews. Records are read in
-/// the look-ups themselves, not joined again by id (a join planned as a scan of `analyses`).
+/// `analyses_user` (user, repository, commit) is left, its whole key the condition, as for the
+/// analysis in flight. Anyone's original to copy still goes through that partial index on such
+/// a plan, with the commit as a filter, until an `ANALYZE` (ADR 0019's addendum). A specview's
+/// user is compared with `IS NOT DISTINCT FROM`, no index condition, so the specview look-up
+/// reads the analysis's specviews (`specviews_analysis`) rather than intersecting them with all
+/// the user's. Records are read in the look-ups themselves, not joined again by id (a join
+/// planned as a scan of `analyses`).
 pub fn cached_and_standings_sql() -> &'static str {
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SQL.get_or_init(|| {

@@ -110,10 +110,9 @@ pub async fn timeout(limit: Duration, req: Request, next: Next) -> Response {
             "timeout_outcome_unknown",
             format!(
                 "the request took longer than {} s and was abandoned while its writes were being \
-                 committed: they may have taken effect; an analysis request sent again \
-                 answers with the work this one started if it did; for anything else, look at \
-                 what it changes (GET /v1/specviews, newest first, for a specview) before \
-                 sending it again",
+                 committed: they may have taken effect; an analysis or specview request sent \
+                 again answers with the work this one started if it did; for anything else, \
+                 look at what it changes before sending it again",
                 limit.as_secs_f64()
             ),
         )

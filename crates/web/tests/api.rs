@@ -1142,12 +1142,14 @@ async fn identical_cache_hits_in_one_batch_share_one_copy() {
 /// as requests one after the other do (docs/web.md, "Sent again"): one reservation, so a user
 /// with one unit left gets 202 for each, not one 202 and `quota_exceeded` for the rest. Either
 /// spelling of the repository, and the commit in either case, is the same analysis; specviews
-/// of one analysis likewise.
+/// of one analysis likewise. With no unit left, each is refused and nothing is written. (A
+/// request that reached the batch only after the first committed finds its work in flight
+/// instead, with the same answer.)
 #[tokio::test]
 async fn identical_new_requests_in_one_batch_share_one_job() {
     let db = TestDb::new().await;
     let s = start(&db).await;
-    let (parked, parked_key) = user_with_key(&db.pool, "pro").await;
+    let (parked, key_parked) = user_with_key(&db.pool, "pro").await;
     let (caller, key) = user_with_key(&db.pool, "free").await;
     // One unit of each left: free has 50 analyses and 5 specviews.
     seed_usage(&db.pool, caller, "analysis", 49).await;
@@ -1163,9 +1165,9 @@ async fn identical_new_requests_in_one_batch_share_one_job() {
     // The collector's batch waits for a held row, so the identical requests queue together.
     let holder = hold_user_row(&db.pool, parked).await;
     let first = {
-        let http = s.http.clone();
+        let (http, key) = (s.http.clone(), key_parked.clone());
         tokio::spawn(async move {
-            http.post_json("/v1/analyses", &parked_key, &analysis_body(1))
+            http.post_json("/v1/analyses", &key, &analysis_body(1))
                 .await
         })
     };
@@ -1188,6 +1190,7 @@ async fn identical_new_requests_in_one_batch_share_one_job() {
         .map(|_| send("/v1/specviews", json!({"analysis_id": done})))
         .collect();
     tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(analyses.iter().chain(&specviews).all(|a| !a.is_finished()));
     holder.rollback().await.unwrap();
     assert_eq!(first.await.unwrap().status, 202);
     for (answers, id) in [(analyses, "analysis_id"), (specviews, "specview_id")] {
@@ -1222,6 +1225,39 @@ async fn identical_new_requests_in_one_batch_share_one_job() {
         (2, 2, 2, 1),
         "jobs, reservations, analyses, specviews"
     );
+
+    // Used up: another commit, sent four times at once, is refused four times.
+    seed_usage(&db.pool, caller, "analysis", 1).await;
+    let holder = hold_user_row(&db.pool, parked).await;
+    let blocked = {
+        let (http, key) = (s.http.clone(), key_parked.clone());
+        tokio::spawn(async move {
+            http.post_json("/v1/analyses", &key, &analysis_body(2))
+                .await
+        })
+    };
+    support::until_a_lock_waits(&db.pool, "the second batch to block").await;
+    let refused: Vec<_> = (0..4)
+        .map(|_| {
+            send(
+                "/v1/analyses",
+                json!({"repository": repository, "ref": sha(4)}),
+            )
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    holder.rollback().await.unwrap();
+    assert_eq!(blocked.await.unwrap().status, 202);
+    for answer in refused {
+        answer.await.unwrap().problem(429, "quota_exceeded");
+    }
+    let reservations: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM quota_reservations WHERE user_id = $1")
+            .bind(caller)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(reservations, 2);
     s.stop().await;
 }
 
