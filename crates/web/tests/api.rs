@@ -845,6 +845,51 @@ async fn a_failing_commit_is_answered_with_an_error_and_never_retried() {
     s.stop().await;
 }
 
+/// Identical requests of one batch whose commit fails are told the one record to look up: the
+/// first's, whose work the others joined.
+#[tokio::test]
+async fn repeats_at_a_failed_commit_name_the_record_they_joined() {
+    let db = TestDb::new().await;
+    let s = start(&db).await;
+    let (parked, key_parked) = user_with_key(&db.pool, "pro").await;
+    let (_, key) = user_with_key(&db.pool, "pro").await;
+    at_commit_of_jobs_for(
+        &db.pool,
+        "refuse_late_commit",
+        "late",
+        "RAISE EXCEPTION 'commit refused by test trigger';",
+    )
+    .await;
+    // The collector's batch waits for a held row, so the identical requests queue together.
+    let holder = hold_user_row(&db.pool, parked).await;
+    let first = {
+        let (http, key) = (s.http.clone(), key_parked.clone());
+        tokio::spawn(async move {
+            http.post_json("/v1/analyses", &key, &analysis_body(1))
+                .await
+        })
+    };
+    support::until_a_lock_waits(&db.pool, "the first batch to block").await;
+    let same: Vec<_> = (0..4)
+        .map(|_| {
+            let (http, key) = (s.http.clone(), key.clone());
+            let body = json!({"repository": "https://github.com/a/late", "ref": sha(3)});
+            tokio::spawn(async move { http.post_json("/v1/analyses", &key, &body).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    holder.rollback().await.unwrap();
+    assert_eq!(first.await.unwrap().status, 202);
+    let mut named = std::collections::BTreeSet::new();
+    for answer in same {
+        let r = answer.await.unwrap();
+        assert_commit_outcome_unknown(&r, &s.http, &key).await;
+        named.insert(r.json()["analysis_id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(named.len(), 1, "one record named: {named:?}");
+    s.stop().await;
+}
+
 /// A cancel whose COMMIT fails may or may not have taken effect: it is answered 503
 /// `commit_outcome_unknown` naming the job to look up (a 500 said nothing of it), and here,
 /// where the commit was refused, the job is as it was.
