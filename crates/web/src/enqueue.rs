@@ -713,11 +713,13 @@ const SPECVIEW_TYPES: [&str; 3] = ["int8", "uuid", "uuid"];
 /// (`tests/plans.rs`). Each look-up is a lateral subquery per request with one branch per
 /// spelling of the repository, matched by equality (ADR 0019): `= ANY (ARRAY[…])` was left out
 /// of the index condition by a generic plan made while the tables were small, and an `IN (…)`
-/// becomes an `OR` no index takes. A plan made before the first `ANALYZE` also prefers a
-/// partial index of completed analyses whose key is the repository alone, so the caller's own
-/// completed analysis compares the state as text, which no partial index's predicate matches:
-/// `analyses_user` (user, repository, commit) is left, its whole key the condition, as for the
-/// analysis in flight. Anyone's original to copy still goes through that partial index on such
+/// becomes an `OR` no index takes. The caller's own analysis, completed (a hit) or else in
+/// flight, is one look-up (`mine`) over the states that answer, which no partial index's
+/// predicate matches (a plan made before the first `ANALYZE` preferred a partial index of
+/// completed analyses whose key is the repository alone): `analyses_user` (user, repository,
+/// commit) is left, its whole key the condition. Likewise anyone's original (`original`) is
+/// one look-up, serving both the copy and the rule that a completed original is preferred to
+/// work in flight. Anyone's original to copy still goes through that partial index on such
 /// a plan, with the commit as a filter, until an `ANALYZE` (ADR 0019's addendum). A specview's
 /// user is compared with `IS NOT DISTINCT FROM`, no index condition, so the specview look-up
 /// reads the analysis's specviews (`specviews_analysis`) rather than intersecting them with all
@@ -732,22 +734,26 @@ pub fn cached_and_standings_sql() -> &'static str {
                  AS t(ord, user_id, repository, keyed_bare, keyed_git, commit, requested_ref) \
              ), specview_input AS ( \
                SELECT * FROM {specview_requests} AS t(ord, user_id, analysis_id) \
-             ), own AS ( \
+             ), mine AS ( \
                SELECT i.ord, f.* FROM input i \
                CROSS JOIN LATERAL ( \
-                 SELECT {ANALYSIS_COLUMNS_WITHOUT_RESULT} FROM analyses a \
-                 WHERE a.user_id = i.user_id AND a.repository = i.keyed_bare \
-                   AND a.commit = i.commit AND a.state::text = 'completed' \
-                 UNION ALL \
-                 SELECT {ANALYSIS_COLUMNS_WITHOUT_RESULT} FROM analyses a \
-                 WHERE a.user_id = i.user_id AND a.repository = i.keyed_git \
-                   AND a.commit = i.commit AND a.state::text = 'completed' \
-                 ORDER BY completed_at DESC LIMIT 1 \
+                 SELECT * FROM ( \
+                   SELECT {ANALYSIS_COLUMNS_WITHOUT_RESULT} FROM analyses a \
+                   WHERE a.user_id = i.user_id AND a.repository = i.keyed_bare \
+                     AND a.commit = i.commit AND a.state IN ('completed', 'pending', 'running') \
+                   UNION ALL \
+                   SELECT {ANALYSIS_COLUMNS_WITHOUT_RESULT} FROM analyses a \
+                   WHERE a.user_id = i.user_id AND a.repository = i.keyed_git \
+                     AND a.commit = i.commit AND a.state IN ('completed', 'pending', 'running') \
+                 ) b \
+                 ORDER BY b.state = 'completed' DESC, b.completed_at DESC NULLS LAST, \
+                          b.created_at DESC, b.id DESC \
+                 LIMIT 1 \
                ) f \
-             ), source AS ( \
-               SELECT i.ord, gen_random_uuid() AS copy_id, i.user_id, i.repository, \
-                      i.keyed_bare, i.commit, i.requested_ref, f.id AS source_id, f.result \
-               FROM input i \
+             ), own AS ( \
+               SELECT * FROM mine WHERE state = 'completed' \
+             ), original AS ( \
+               SELECT i.ord, f.id, f.result FROM input i \
                CROSS JOIN LATERAL ( \
                  SELECT a.id, a.result, a.completed_at FROM analyses a \
                  WHERE a.repository = i.keyed_bare AND a.commit = i.commit \
@@ -759,31 +765,17 @@ pub fn cached_and_standings_sql() -> &'static str {
                  ORDER BY completed_at DESC LIMIT 1 \
                ) f \
                WHERE NOT EXISTS (SELECT 1 FROM own o WHERE o.ord = i.ord) \
-                 AND NOT EXISTS (SELECT 1 FROM input e WHERE e.user_id = i.user_id \
+             ), source AS ( \
+               SELECT i.ord, gen_random_uuid() AS copy_id, i.user_id, i.repository, \
+                      i.keyed_bare, i.commit, i.requested_ref, o.id AS source_id, o.result \
+               FROM original o JOIN input i ON i.ord = o.ord \
+               WHERE NOT EXISTS (SELECT 1 FROM input e WHERE e.user_id = i.user_id \
                                  AND e.keyed_bare = i.keyed_bare AND e.commit = i.commit \
                                  AND e.ord < i.ord) \
              ), in_flight AS ( \
-               SELECT i.ord, f.id, f.job_id FROM input i \
-               CROSS JOIN LATERAL ( \
-                 SELECT a.id, a.job_id, a.created_at FROM analyses a \
-                 WHERE a.user_id = i.user_id AND a.repository = i.keyed_bare \
-                   AND a.commit = i.commit AND a.state IN ('pending', 'running') \
-                 UNION ALL \
-                 SELECT a.id, a.job_id, a.created_at FROM analyses a \
-                 WHERE a.user_id = i.user_id AND a.repository = i.keyed_git \
-                   AND a.commit = i.commit AND a.state IN ('pending', 'running') \
-                 ORDER BY created_at DESC, id DESC LIMIT 1 \
-               ) f \
-               WHERE NOT EXISTS (SELECT 1 FROM own o WHERE o.ord = i.ord) \
-                 AND {analysis_job_in_flight} \
-                 AND (SELECT c.id FROM analyses c \
-                      WHERE c.repository = i.keyed_bare AND c.commit = i.commit \
-                        AND c.state = 'completed' AND c.cached_from IS NULL \
-                      UNION ALL \
-                      SELECT c.id FROM analyses c \
-                      WHERE c.repository = i.keyed_git AND c.commit = i.commit \
-                        AND c.state = 'completed' AND c.cached_from IS NULL \
-                      LIMIT 1) IS NULL \
+               SELECT m.ord, m.id, m.job_id FROM mine m \
+               WHERE m.state IN ('pending', 'running') AND {analysis_job_in_flight} \
+                 AND NOT EXISTS (SELECT 1 FROM original o WHERE o.ord = m.ord) \
                UNION ALL \
                SELECT i.ord, f.id, f.job_id FROM specview_input i \
                CROSS JOIN LATERAL ( \
@@ -815,7 +807,7 @@ pub fn cached_and_standings_sql() -> &'static str {
             specview_requests =
                 queue::compose::unnest_params(1 + CACHE_TYPES.len(), &SPECVIEW_TYPES),
             standings = quota::standings_cte(1 + CACHE_TYPES.len() + SPECVIEW_TYPES.len()),
-            analysis_job_in_flight = job_in_flight!("f", "analysis_id"),
+            analysis_job_in_flight = job_in_flight!("m", "analysis_id"),
             specview_job_in_flight = job_in_flight!("s", "specview_id"),
         )
     })
