@@ -746,7 +746,8 @@ pub fn cached_and_standings_sql() -> &'static str {
                    WHERE a.user_id = i.user_id AND a.repository = i.keyed_git \
                      AND a.commit = i.commit AND a.state IN ('completed', 'pending', 'running') \
                  ) b \
-                 ORDER BY b.state = 'completed' DESC, b.completed_at DESC NULLS LAST, \
+                 ORDER BY b.state = 'completed' DESC, \
+                          CASE WHEN b.state = 'completed' THEN b.completed_at END DESC NULLS LAST, \
                           b.created_at DESC, b.id DESC \
                  LIMIT 1 \
                ) f \
