@@ -845,13 +845,48 @@ async fn a_failing_commit_is_answered_with_an_error_and_never_retried() {
     s.stop().await;
 }
 
+/// The enqueue collector held up: a request of a user of its own waits in its batch for that
+/// user's row, held here, so requests sent meanwhile queue together for the next batch.
+struct ParkedCollector {
+    holder: sqlx::Transaction<'static, sqlx::Postgres>,
+    first: tokio::task::JoinHandle<Resp>,
+}
+
+impl ParkedCollector {
+    async fn park(s: &TestServer, db: &TestDb) -> Self {
+        let (user, key) = user_with_key(&db.pool, "pro").await;
+        let holder = hold_user_row(&db.pool, user).await;
+        let http = s.http.clone();
+        let first = tokio::spawn(async move {
+            http.post_json("/v1/analyses", &key, &analysis_body(1))
+                .await
+        });
+        support::until_a_lock_waits(&db.pool, "the parked batch to block").await;
+        ParkedCollector { holder, first }
+    }
+
+    /// Lets the collector go once the requests sent meanwhile (`waiting`, none answered yet)
+    /// have had time to queue.
+    async fn release<'a>(
+        self,
+        waiting: impl IntoIterator<Item = &'a tokio::task::JoinHandle<Resp>>,
+    ) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            waiting.into_iter().all(|w| !w.is_finished()),
+            "answered before the release"
+        );
+        self.holder.rollback().await.unwrap();
+        assert_eq!(self.first.await.unwrap().status, 202);
+    }
+}
+
 /// Identical requests of one batch whose commit fails are told the one record to look up: the
 /// first's, whose work the others joined.
 #[tokio::test]
 async fn repeats_at_a_failed_commit_name_the_record_they_joined() {
     let db = TestDb::new().await;
     let s = start(&db).await;
-    let (parked, key_parked) = user_with_key(&db.pool, "pro").await;
     let (_, key) = user_with_key(&db.pool, "pro").await;
     at_commit_of_jobs_for(
         &db.pool,
@@ -861,15 +896,7 @@ async fn repeats_at_a_failed_commit_name_the_record_they_joined() {
     )
     .await;
     // The collector's batch waits for a held row, so the identical requests queue together.
-    let holder = hold_user_row(&db.pool, parked).await;
-    let first = {
-        let (http, key) = (s.http.clone(), key_parked.clone());
-        tokio::spawn(async move {
-            http.post_json("/v1/analyses", &key, &analysis_body(1))
-                .await
-        })
-    };
-    support::until_a_lock_waits(&db.pool, "the first batch to block").await;
+    let parked = ParkedCollector::park(&s, &db).await;
     let same: Vec<_> = (0..4)
         .map(|_| {
             let (http, key) = (s.http.clone(), key.clone());
@@ -877,9 +904,7 @@ async fn repeats_at_a_failed_commit_name_the_record_they_joined() {
             tokio::spawn(async move { http.post_json("/v1/analyses", &key, &body).await })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    holder.rollback().await.unwrap();
-    assert_eq!(first.await.unwrap().status, 202);
+    parked.release(&same).await;
     let mut named = std::collections::BTreeSet::new();
     for answer in same {
         let r = answer.await.unwrap();
@@ -1133,20 +1158,11 @@ async fn identical_cache_hits_in_one_batch_share_one_copy() {
     let db = TestDb::new().await;
     let s = start(&db).await;
     let (owner, _) = user_with_key(&db.pool, "pro").await;
-    let (parked, parked_key) = user_with_key(&db.pool, "pro").await;
     let (caller, key) = user_with_key(&db.pool, "free").await;
     let repository = "https://github.com/fairlane-test/fixture.git";
     completed_analysis(&db.pool, owner, repository, &sha(5)).await;
     // The collector's batch waits for a held row, so the identical requests queue together.
-    let holder = hold_user_row(&db.pool, parked).await;
-    let first = {
-        let http = s.http.clone();
-        tokio::spawn(async move {
-            http.post_json("/v1/analyses", &parked_key, &analysis_body(1))
-                .await
-        })
-    };
-    support::until_a_lock_waits(&db.pool, "the first batch to block").await;
+    let parked = ParkedCollector::park(&s, &db).await;
     let same: Vec<_> = (0..10)
         .map(|n| {
             let (http, key) = (s.http.clone(), key.clone());
@@ -1159,9 +1175,7 @@ async fn identical_cache_hits_in_one_batch_share_one_copy() {
             tokio::spawn(async move { http.post_json("/v1/analyses", &key, &body).await })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    holder.rollback().await.unwrap();
-    assert_eq!(first.await.unwrap().status, 202);
+    parked.release(&same).await;
     let mut ids = std::collections::BTreeSet::new();
     for answer in same {
         let r = answer.await.unwrap();
@@ -1194,7 +1208,6 @@ async fn identical_cache_hits_in_one_batch_share_one_copy() {
 async fn identical_new_requests_in_one_batch_share_one_job() {
     let db = TestDb::new().await;
     let s = start(&db).await;
-    let (parked, key_parked) = user_with_key(&db.pool, "pro").await;
     let (caller, key) = user_with_key(&db.pool, "free").await;
     // One unit of each left: free has 50 analyses and 5 specviews.
     seed_usage(&db.pool, caller, "analysis", 49).await;
@@ -1208,15 +1221,7 @@ async fn identical_new_requests_in_one_batch_share_one_job() {
             .await
             .unwrap();
     // The collector's batch waits for a held row, so the identical requests queue together.
-    let holder = hold_user_row(&db.pool, parked).await;
-    let first = {
-        let (http, key) = (s.http.clone(), key_parked.clone());
-        tokio::spawn(async move {
-            http.post_json("/v1/analyses", &key, &analysis_body(1))
-                .await
-        })
-    };
-    support::until_a_lock_waits(&db.pool, "the first batch to block").await;
+    let parked = ParkedCollector::park(&s, &db).await;
     let send = |path: &'static str, body: Value| {
         let (http, key) = (s.http.clone(), key.clone());
         tokio::spawn(async move { http.post_json(path, &key, &body).await })
@@ -1234,10 +1239,7 @@ async fn identical_new_requests_in_one_batch_share_one_job() {
     let specviews: Vec<_> = (0..8)
         .map(|_| send("/v1/specviews", json!({"analysis_id": done})))
         .collect();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(analyses.iter().chain(&specviews).all(|a| !a.is_finished()));
-    holder.rollback().await.unwrap();
-    assert_eq!(first.await.unwrap().status, 202);
+    parked.release(analyses.iter().chain(&specviews)).await;
     for (answers, id) in [(analyses, "analysis_id"), (specviews, "specview_id")] {
         let mut answered = std::collections::BTreeSet::new();
         for answer in answers {
@@ -1273,15 +1275,7 @@ async fn identical_new_requests_in_one_batch_share_one_job() {
 
     // Used up: another commit, sent four times at once, is refused four times.
     seed_usage(&db.pool, caller, "analysis", 1).await;
-    let holder = hold_user_row(&db.pool, parked).await;
-    let blocked = {
-        let (http, key) = (s.http.clone(), key_parked.clone());
-        tokio::spawn(async move {
-            http.post_json("/v1/analyses", &key, &analysis_body(2))
-                .await
-        })
-    };
-    support::until_a_lock_waits(&db.pool, "the second batch to block").await;
+    let parked = ParkedCollector::park(&s, &db).await;
     let refused: Vec<_> = (0..4)
         .map(|_| {
             send(
@@ -1290,9 +1284,7 @@ async fn identical_new_requests_in_one_batch_share_one_job() {
             )
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    holder.rollback().await.unwrap();
-    assert_eq!(blocked.await.unwrap().status, 202);
+    parked.release(&refused).await;
     for answer in refused {
         answer.await.unwrap().problem(429, "quota_exceeded");
     }
