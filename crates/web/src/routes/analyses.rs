@@ -207,13 +207,10 @@ pub async fn create(
                 .ok_or_else(|| committed(&"a cached analysis vanished after its commit"))
         }
         // The caller's own analysis of this commit, in flight: its job, as the request that
-        // started it was answered. That request may have committed in this batch, so a timeout
-        // meanwhile must not say "nothing was changed".
+        // started it was answered.
         Enqueued::InFlight(work) => {
-            if let Some(Extension(watch)) = &after_commit {
-                watch.outcome_unknown();
-            }
-            let job = super::in_flight_job(&state, user.user_id, "analysis_id", work).await?;
+            let job = super::in_flight_job(&state, user.user_id, "analysis_id", work, after_commit)
+                .await?;
             Ok(super::accepted_job(
                 AnalysisAccepted {
                     analysis_id: work.record_id,

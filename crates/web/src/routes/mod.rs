@@ -428,12 +428,18 @@ pub const MARKDOWN_COLUMNS_WEIGHED: &str = concat!(
 /// (named in the job's args under `member`, `analysis_id` or `specview_id`): a job id alone could
 /// name another job once ids start over (a `fairlane_job` restored apart from the records). The
 /// batch found the job live; one gone since (cleaned long after it ended) is an internal problem.
+/// The work may have been committed by the request's own batch (a request it repeated), so
+/// `watch` learns that a timeout from here on must not say "nothing was changed".
 pub async fn in_flight_job(
     state: &crate::state::AppState,
     user: Uuid,
     member: &str,
     work: crate::enqueue::InFlight,
+    watch: Option<axum::Extension<crate::middleware::TimeoutWatch>>,
 ) -> Result<JobSummary, Problem> {
+    if let Some(axum::Extension(watch)) = watch {
+        watch.outcome_unknown();
+    }
     let row: Option<JobRow> = sqlx::query_as(
         "SELECT * FROM fairlane_job WHERE id = $1 AND user_id = $2 AND args ->> $3 = $4::text",
     )

@@ -163,13 +163,10 @@ pub async fn create(
     .await?
     {
         // A request sent again (after a timeout, say) gets the job it started, not a second,
-        // billed one; that may have committed in this batch, so a timeout meanwhile must not
-        // say "nothing was changed".
+        // billed one.
         Enqueued::InFlight(work) => {
-            if let Some(Extension(watch)) = &after_commit {
-                watch.outcome_unknown();
-            }
-            let job = super::in_flight_job(&state, user.user_id, "specview_id", work).await?;
+            let job = super::in_flight_job(&state, user.user_id, "specview_id", work, after_commit)
+                .await?;
             Ok(super::accepted_job(
                 SpecviewAccepted {
                     specview_id: work.record_id,
