@@ -109,15 +109,10 @@ pub async fn settle(
         ("specviews", &specviews_waiting),
     ] {
         if !waiting.is_empty() {
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "UPDATE {table} r SET state = 'pending', updated_at = now() \
-                 FROM fairlane_job j \
-                 WHERE j.id = ANY($1) AND {} AND r.state = 'running'",
-                record_of_job(table)
-            )))
-            .bind(waiting)
-            .execute(&mut *conn)
-            .await?;
+            sqlx::query(sqlx::AssertSqlSafe(waiting_statement(table)))
+                .bind(waiting)
+                .execute(&mut *conn)
+                .await?;
         }
     }
     if !analyses_ended.is_empty() {
@@ -157,28 +152,44 @@ const FAILURE_MESSAGE: &str = "CASE \
            || coalesce(j.errors -> -1 ->> 'error', 'no error was recorded') \
     END";
 
-/// The condition that record `r` of `table` is the one job `j` fills: linked to the job, and
-/// named by the job's arguments. Job ids are not unique over time (a `fairlane_job` restored
+/// The condition that record `r` of `table` is the one a job of `$1` fills: linked to the job,
+/// and named by the job's arguments. Job ids are not unique over time (a `fairlane_job` restored
 /// apart from the records starts its identity over), so a link alone could make a new job settle
 /// an old job's stale record. Compared as text: a malformed id in a job's arguments matches
 /// nothing instead of failing the statement.
-fn record_of_job(table: &str) -> String {
+///
+/// The records are found by their link (`analyses_job`, `specviews_job`) and each job by its
+/// primary key in a scalar subquery, never joined: a completion's statements are planned
+/// generically (ADR 0014) and kept until an `ANALYZE`, and a join of the jobs planned while the
+/// tables were nearly empty hashed a scan of both tables for every batch.
+fn records_of_jobs(table: &str) -> String {
     let id_argument = if table == "specviews" {
         "specview_id"
     } else {
         "analysis_id"
     };
-    format!("r.job_id = j.id AND r.id::text = j.args ->> '{id_argument}'")
+    format!(
+        "r.job_id = ANY($1) AND r.id::text = \
+         (SELECT j.args ->> '{id_argument}' FROM fairlane_job j WHERE j.id = r.job_id)"
+    )
+}
+
+/// Puts the `running` records of `table` whose jobs are in `$1` back to `pending`.
+fn waiting_statement(table: &str) -> String {
+    format!(
+        "UPDATE {table} r SET state = 'pending', updated_at = now() \
+         WHERE {} AND r.state = 'running'",
+        records_of_jobs(table)
+    )
 }
 
 /// Fails the `pending`/`running` records of `table` whose jobs are in `$1`.
 fn fail_statement(table: &str, cleared: &str) -> String {
     format!(
         "UPDATE {table} r SET state = 'failed', {cleared}, updated_at = now(), \
-                error = {FAILURE_MESSAGE} \
-         FROM fairlane_job j \
-         WHERE j.id = ANY($1) AND {} AND r.state IN ('pending', 'running')",
-        record_of_job(table)
+                error = (SELECT {FAILURE_MESSAGE} FROM fairlane_job j WHERE j.id = r.job_id) \
+         WHERE {} AND r.state IN ('pending', 'running')",
+        records_of_jobs(table)
     )
 }
 
@@ -186,18 +197,24 @@ fn fail_statement(table: &str, cleared: &str) -> String {
 /// before succeeding).
 const NO_RESULT: &str = "the job succeeded without storing a result";
 
+/// The `pending`/`running` analyses whose jobs are in `$1`, locked in id order: id, repository,
+/// commit, whether a result was staged.
+fn completing_analyses_statement() -> String {
+    format!(
+        "SELECT r.id, r.repository, r.commit, r.result IS NOT NULL \
+         FROM analyses r \
+         WHERE {} AND r.state IN ('pending', 'running') \
+         ORDER BY r.id FOR UPDATE OF r",
+        records_of_jobs("analyses")
+    )
+}
+
 async fn complete_analyses(conn: &mut PgConnection, jobs: &[JobId]) -> Result<(), SettleError> {
     let rows: Vec<(Uuid, String, Option<String>, bool)> =
-        sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT r.id, r.repository, r.commit, r.result IS NOT NULL \
-             FROM analyses r JOIN fairlane_job j ON {} \
-             WHERE j.id = ANY($1) AND r.state IN ('pending', 'running') \
-             ORDER BY r.id FOR UPDATE OF r",
-            record_of_job("analyses")
-        )))
-        .bind(jobs)
-        .fetch_all(&mut *conn)
-        .await?;
+        sqlx::query_as(sqlx::AssertSqlSafe(completing_analyses_statement()))
+            .bind(jobs)
+            .fetch_all(&mut *conn)
+            .await?;
     let mut broken: Vec<Uuid> = Vec::new();
     let mut ready: Vec<(Uuid, String, String)> = Vec::new();
     for (id, repository, commit, has_result) in rows {
@@ -242,32 +259,102 @@ async fn complete_analyses(conn: &mut PgConnection, jobs: &[JobId]) -> Result<()
     Ok(())
 }
 
-async fn complete_specviews(conn: &mut PgConnection, jobs: &[JobId]) -> Result<(), SettleError> {
-    let broken: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "SELECT r.id FROM specviews r JOIN fairlane_job j ON {} \
-         WHERE j.id = ANY($1) AND r.state IN ('pending', 'running') \
+/// The `pending`/`running` specviews whose jobs are in `$1` and which lack a staged result or
+/// Markdown, in id order.
+fn unstaged_specviews_statement() -> String {
+    format!(
+        "SELECT r.id FROM specviews r \
+         WHERE {} AND r.state IN ('pending', 'running') \
            AND (r.result IS NULL OR r.markdown IS NULL) \
          ORDER BY r.id",
-        record_of_job("specviews")
-    )))
-    .bind(jobs)
-    .fetch_all(&mut *conn)
-    .await?;
+        records_of_jobs("specviews")
+    )
+}
+
+/// Completes the `pending`/`running` specviews whose jobs are in `$1`.
+fn complete_specviews_statement() -> String {
+    format!(
+        "UPDATE specviews r SET state = 'completed', completed_at = now(), error = NULL, \
+                updated_at = now() \
+         WHERE {} AND r.state IN ('pending', 'running')",
+        records_of_jobs("specviews")
+    )
+}
+
+async fn complete_specviews(conn: &mut PgConnection, jobs: &[JobId]) -> Result<(), SettleError> {
+    let broken: Vec<Uuid> = sqlx::query_scalar(sqlx::AssertSqlSafe(unstaged_specviews_statement()))
+        .bind(jobs)
+        .fetch_all(&mut *conn)
+        .await?;
     if !broken.is_empty() {
         return Err(SettleError::NoResult {
             table: "specviews",
             records: broken,
         });
     }
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "UPDATE specviews r SET state = 'completed', completed_at = now(), error = NULL, \
-                updated_at = now() \
-         FROM fairlane_job j \
-         WHERE j.id = ANY($1) AND {} AND r.state IN ('pending', 'running')",
-        record_of_job("specviews")
-    )))
-    .bind(jobs)
-    .execute(&mut *conn)
-    .await?;
+    sqlx::query(sqlx::AssertSqlSafe(complete_specviews_statement()))
+        .bind(jobs)
+        .execute(&mut *conn)
+        .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sqlx::Connection;
+    use testkit::TestDb;
+    use testkit::plan::plan_nodes;
+
+    /// Every statement the hook runs for a batch of job ids.
+    fn statements() -> Vec<String> {
+        let mut all = vec![
+            completing_analyses_statement(),
+            unstaged_specviews_statement(),
+            complete_specviews_statement(),
+        ];
+        for table in ["analyses", "specviews"] {
+            all.push(waiting_statement(table));
+        }
+        all.push(fail_statement("analyses", "result = NULL"));
+        all.push(fail_statement(
+            "specviews",
+            "result = NULL, markdown = NULL",
+        ));
+        all
+    }
+
+    /// Workers plan a completion's statements generically (ADR 0014), and keep a plan until an
+    /// `ANALYZE`: on a database fresh from its migrations, each must still find its records by
+    /// their job's id and its jobs by primary key, never by reading a table whole.
+    #[tokio::test]
+    async fn a_generic_plan_made_on_a_fresh_database_probes_by_key() {
+        let db = TestDb::new().await;
+        let mut conn = PgConnection::connect(&db.url()).await.unwrap();
+        sqlx::raw_sql("SET plan_cache_mode = force_generic_plan")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        for (n, statement) in statements().iter().enumerate() {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "PREPARE checked_{n} AS {statement}"
+            )))
+            .execute(&mut conn)
+            .await
+            .unwrap();
+            let plan: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "EXPLAIN (FORMAT JSON) EXECUTE checked_{n}('{{1,2}}')"
+            )))
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+            for node in plan_nodes(&plan) {
+                assert_ne!(
+                    node["Node Type"], "Seq Scan",
+                    "{statement}\nreads {} whole: {plan:#}",
+                    node["Relation Name"]
+                );
+            }
+        }
+    }
 }
