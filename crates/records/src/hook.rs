@@ -354,7 +354,15 @@ mod tests {
                     "{statement}\nreads {} whole: {plan:#}",
                     node["Relation Name"]
                 );
+                assert_ne!(node["Node Type"], "Hash Join", "{statement}\n{plan:#}");
             }
+            // Each job by its primary key.
+            assert!(
+                plan_nodes(&plan)
+                    .iter()
+                    .any(|n| n["Index Name"] == "fairlane_job_pkey"),
+                "{statement}\n{plan:#}"
+            );
         }
     }
 }
