@@ -302,9 +302,8 @@ async fn complete_specviews(conn: &mut PgConnection, jobs: &[JobId]) -> Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sqlx::Connection;
     use testkit::TestDb;
-    use testkit::plan::plan_nodes;
+    use testkit::plan::{generic_plan, plan_nodes};
 
     /// Every statement the hook runs for a batch of job ids.
     fn statements() -> Vec<String> {
@@ -330,24 +329,8 @@ mod tests {
     #[tokio::test]
     async fn a_generic_plan_made_on_a_fresh_database_probes_by_key() {
         let db = TestDb::new().await;
-        let mut conn = PgConnection::connect(&db.url()).await.unwrap();
-        sqlx::raw_sql("SET plan_cache_mode = force_generic_plan")
-            .execute(&mut conn)
-            .await
-            .unwrap();
-        for (n, statement) in statements().iter().enumerate() {
-            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-                "PREPARE checked_{n} AS {statement}"
-            )))
-            .execute(&mut conn)
-            .await
-            .unwrap();
-            let plan: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                "EXPLAIN (FORMAT JSON) EXECUTE checked_{n}('{{1,2}}')"
-            )))
-            .fetch_one(&mut conn)
-            .await
-            .unwrap();
+        for statement in statements() {
+            let plan = generic_plan(&db, &statement, "'{1,2}'").await;
             for node in plan_nodes(&plan) {
                 assert_ne!(
                     node["Node Type"], "Seq Scan",

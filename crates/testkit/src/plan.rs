@@ -2,6 +2,9 @@
 //! PostgreSQL took.
 
 use serde_json::Value;
+use sqlx::Connection;
+
+use crate::TestDb;
 
 /// Every node of the plan in `explained` (the JSON `EXPLAIN` returns), depth first: the nodes of
 /// init plans and subplans included, as they sit under `Plans` too.
@@ -15,4 +18,28 @@ pub fn plan_nodes(explained: &Value) -> Vec<&Value> {
     let mut out = Vec::new();
     walk(&explained[0]["Plan"], &mut out);
     out
+}
+
+/// The generic plan (`EXPLAIN (FORMAT JSON)`) PostgreSQL makes for `sql` as the services that
+/// plan generically run it (`plan_cache_mode = force_generic_plan`), on a connection of its own
+/// to `db`: `sql`'s parameters are typed by their casts, and `arguments` is the SQL list of
+/// values it is run with.
+pub async fn generic_plan(db: &TestDb, sql: &str, arguments: &str) -> Value {
+    let mut conn = sqlx::PgConnection::connect(&db.url())
+        .await
+        .expect("connect for a plan");
+    sqlx::raw_sql("SET plan_cache_mode = force_generic_plan")
+        .execute(&mut conn)
+        .await
+        .expect("plan generically");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("PREPARE checked AS {sql}")))
+        .execute(&mut conn)
+        .await
+        .unwrap_or_else(|e| panic!("prepare {sql}: {e}"));
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN (FORMAT JSON) EXECUTE checked({arguments})"
+    )))
+    .fetch_one(&mut conn)
+    .await
+    .unwrap_or_else(|e| panic!("explain {sql}: {e}"))
 }

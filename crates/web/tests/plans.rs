@@ -6,29 +6,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use serde_json::Value;
-use sqlx::Connection;
 use testkit::TestDb;
-use testkit::plan::plan_nodes;
-
-/// The generic plan (`EXPLAIN (FORMAT JSON)`) of `sql`, its parameters typed by their casts, run
-/// with `arguments`, on a connection of `db` set up as web's are.
-async fn generic_plan(db: &TestDb, sql: &str, arguments: &str) -> Value {
-    let mut conn = sqlx::PgConnection::connect(&db.url()).await.unwrap();
-    sqlx::raw_sql("SET plan_cache_mode = force_generic_plan")
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("PREPARE checked AS {sql}")))
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "EXPLAIN (FORMAT JSON) EXECUTE checked({arguments})"
-    )))
-    .fetch_one(&mut conn)
-    .await
-    .unwrap()
-}
+use testkit::plan::{generic_plan, plan_nodes};
 
 /// The nodes of `plan` that read `index`.
 fn reading<'a>(plan: &'a Value, index: &str) -> Vec<&'a Value> {
