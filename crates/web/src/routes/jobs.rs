@@ -38,13 +38,9 @@ fn parse_id(id: &str) -> Result<i64, Problem> {
 
 /// The job `id` if it is the caller's.
 async fn owned_job(state: &AppState, user: &AuthUser, id: i64) -> Result<JobRow, Problem> {
-    let row: Option<JobRow> =
-        sqlx::query_as("SELECT * FROM fairlane_job WHERE id = $1 AND user_id = $2")
-            .bind(id)
-            .bind(user.user_id)
-            .fetch_optional(&state.pool)
-            .await?;
-    row.ok_or_else(|| Problem::not_found(format!("no job `{id}`")))
+    super::users_job(state, user.user_id, id)
+        .await?
+        .ok_or_else(|| Problem::not_found(format!("no job `{id}`")))
 }
 
 /// A job of the caller's: state, queue, attempts, timestamps, and its result or last error.

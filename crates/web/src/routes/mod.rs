@@ -424,6 +424,19 @@ pub const MARKDOWN_COLUMNS_WEIGHED: &str = concat!(
     ") THEN octet_length(markdown)::bigint END AS large_text_bytes"
 );
 
+/// `user`'s job `id`, if there is one.
+pub async fn users_job(
+    state: &crate::state::AppState,
+    user: Uuid,
+    id: i64,
+) -> Result<Option<JobRow>, sqlx::Error> {
+    sqlx::query_as("SELECT * FROM fairlane_job WHERE id = $1 AND user_id = $2")
+        .bind(id)
+        .bind(user)
+        .fetch_optional(&state.pool)
+        .await
+}
+
 /// The summary of the job of `user`'s work in flight, which fills the record `work.record_id`
 /// (named in the job's args under `member`, `analysis_id` or `specview_id`): a job id alone could
 /// name another job once ids start over (a `fairlane_job` restored apart from the records). The
@@ -440,16 +453,12 @@ pub async fn in_flight_job(
     if let Some(axum::Extension(watch)) = watch {
         watch.outcome_unknown();
     }
-    let row: Option<JobRow> = sqlx::query_as(
-        "SELECT * FROM fairlane_job WHERE id = $1 AND user_id = $2 AND args ->> $3 = $4::text",
-    )
-    .bind(work.job_id)
-    .bind(user)
-    .bind(member)
-    .bind(work.record_id)
-    .fetch_optional(&state.pool)
-    .await?;
-    let job = row.ok_or_else(|| {
+    // Compared as the job's args spell the id (as text, like the batch's look-up).
+    let record = work.record_id.to_string();
+    let job = users_job(state, user, work.job_id)
+        .await?
+        .filter(|job| job.args.get(member).and_then(serde_json::Value::as_str) == Some(&record));
+    let job = job.ok_or_else(|| {
         Problem::internal(&format!(
             "{member} {} in flight has no job of its own",
             work.record_id
