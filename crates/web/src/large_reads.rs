@@ -97,6 +97,17 @@ pub enum Read<T> {
     NotModified { tag: String },
 }
 
+impl<T: Serialize + Send + 'static> Read<T> {
+    /// The answer as JSON: `200` with the row, or `304`, with the entity tag (the `200` is not
+    /// tagged yet: a caller that answers a `POST` with it leaves it so).
+    pub async fn json_answer(self) -> (Response, String) {
+        match self {
+            Read::NotModified { tag } => (crate::conditional::not_modified(&tag), tag),
+            Read::Found { row, admitted, tag } => (admitted.json(StatusCode::OK, row).await, tag),
+        }
+    }
+}
+
 /// The budget, in MiB permits.
 #[derive(Debug, Clone)]
 pub struct LargeReads {

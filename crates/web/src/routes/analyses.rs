@@ -352,10 +352,7 @@ async fn read_analysis(
         .await?;
     Ok(match read {
         None => None,
-        Some(Read::NotModified { tag }) => Some((conditional::not_modified(&tag), tag)),
-        Some(Read::Found { row, admitted, tag }) => {
-            Some((admitted.json(StatusCode::OK, row).await, tag))
-        }
+        Some(read) => Some(read.json_answer().await),
     })
 }
 

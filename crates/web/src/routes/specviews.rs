@@ -343,13 +343,8 @@ async fn representation(
             Asked::json(condition.as_ref()),
         )
         .await?;
-    match read.ok_or_else(not_found)? {
-        Read::NotModified { tag } => Ok(conditional::not_modified(&tag)),
-        Read::Found { row, admitted, tag } => Ok(conditional::tagged(
-            admitted.json(http::StatusCode::OK, row).await,
-            &tag,
-        )),
-    }
+    let (response, tag) = read.ok_or_else(not_found)?.json_answer().await;
+    Ok(conditional::tagged(response, &tag))
 }
 
 #[cfg(test)]
