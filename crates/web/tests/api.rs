@@ -663,6 +663,20 @@ async fn every_tier_is_routed_to_its_lane_and_unknown_tiers_to_default() {
     s.stop().await;
 }
 
+/// The trigger of [`refuse_late_commits`].
+const REFUSE_LATE_COMMIT: &str = "refuse_late_commit";
+
+/// Makes the commit of any transaction that wrote a job of a repository containing `late` fail.
+async fn refuse_late_commits(pool: &sqlx::PgPool) {
+    at_commit_of_jobs_for(
+        pool,
+        REFUSE_LATE_COMMIT,
+        "late",
+        "RAISE EXCEPTION 'commit refused by test trigger';",
+    )
+    .await;
+}
+
 /// Runs `action` (PL/pgSQL) at the COMMIT of every transaction that inserted a job of a
 /// repository containing `marker`: a deferred constraint trigger on `fairlane_job` named `name`,
 /// which also counts its firings in the sequence `{name}_fired` (no rollback undoes them; read
@@ -808,14 +822,7 @@ async fn a_failing_commit_is_answered_with_an_error_and_never_retried() {
     let db = TestDb::new().await;
     let s = start(&db).await;
     let (_, key) = user_with_key(&db.pool, "pro").await;
-    // The commit of any transaction that wrote a job of a repository containing `late` fails.
-    at_commit_of_jobs_for(
-        &db.pool,
-        "refuse_late_commit",
-        "late",
-        "RAISE EXCEPTION 'commit refused by test trigger';",
-    )
-    .await;
+    refuse_late_commits(&db.pool).await;
     // Concurrent requests share batches, so some batch holds several of them: each batch
     // commits once and fails as a whole; retrying its requests alone would fire more often.
     const REQUESTS: u64 = 32;
@@ -829,7 +836,7 @@ async fn a_failing_commit_is_answered_with_an_error_and_never_retried() {
     for r in futures_util::future::join_all(requests).await {
         assert_commit_outcome_unknown(&r, &s.http, &key).await;
     }
-    let attempts = commit_trigger_firings(&db.pool, "refuse_late_commit").await;
+    let attempts = commit_trigger_firings(&db.pool, REFUSE_LATE_COMMIT).await;
     assert!(
         attempts < REQUESTS as i64,
         "{attempts} commits for {REQUESTS} requests: failed commits were retried"
@@ -888,13 +895,7 @@ async fn repeats_at_a_failed_commit_name_the_record_they_joined() {
     let db = TestDb::new().await;
     let s = start(&db).await;
     let (_, key) = user_with_key(&db.pool, "pro").await;
-    at_commit_of_jobs_for(
-        &db.pool,
-        "refuse_late_commit",
-        "late",
-        "RAISE EXCEPTION 'commit refused by test trigger';",
-    )
-    .await;
+    refuse_late_commits(&db.pool).await;
     // The collector's batch waits for a held row, so the identical requests queue together.
     let parked = ParkedCollector::park(&s, &db).await;
     let same: Vec<_> = (0..4)
