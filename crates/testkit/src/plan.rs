@@ -22,9 +22,34 @@ pub fn plan_nodes(explained: &Value) -> Vec<&Value> {
 
 /// The generic plan (`EXPLAIN (FORMAT JSON)`) PostgreSQL makes for `sql` as the services that
 /// plan generically run it (`plan_cache_mode = force_generic_plan`), on a connection of its own
-/// to `db`: `sql`'s parameters are typed by their casts, and `arguments` is the SQL list of
-/// values it is run with.
+/// to `db`: `sql`'s parameters are typed by their casts or their context, and `arguments` is the
+/// SQL list of values it is run with.
 pub async fn generic_plan(db: &TestDb, sql: &str, arguments: &str) -> Value {
+    explain_generic(db, sql, arguments, "FORMAT JSON").await
+}
+
+/// [`generic_plan`] run (`EXPLAIN (ANALYZE, FORMAT JSON)`): each node also says how many rows
+/// it returned (`Actual Rows`, per loop, over `Actual Loops`) and how many its filter dropped.
+pub async fn generic_plan_run(db: &TestDb, sql: &str, arguments: &str) -> Value {
+    explain_generic(db, sql, arguments, "ANALYZE, FORMAT JSON").await
+}
+
+/// The rows that the nodes of `explained` (from [`generic_plan_run`]) read from `table`:
+/// returned and dropped by their filters, over all their loops.
+pub fn rows_read_from(explained: &Value, table: &str) -> u64 {
+    plan_nodes(explained)
+        .into_iter()
+        .filter(|n| n["Relation Name"] == table)
+        .map(|n| {
+            let per_loop = n["Actual Rows"].as_u64().unwrap_or(0)
+                + n["Rows Removed by Filter"].as_u64().unwrap_or(0)
+                + n["Rows Removed by Index Recheck"].as_u64().unwrap_or(0);
+            per_loop * n["Actual Loops"].as_u64().unwrap_or(1)
+        })
+        .sum()
+}
+
+async fn explain_generic(db: &TestDb, sql: &str, arguments: &str, options: &str) -> Value {
     let mut conn = sqlx::PgConnection::connect(&db.url())
         .await
         .expect("connect for a plan");
@@ -37,7 +62,7 @@ pub async fn generic_plan(db: &TestDb, sql: &str, arguments: &str) -> Value {
         .await
         .unwrap_or_else(|e| panic!("prepare {sql}: {e}"));
     sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-        "EXPLAIN (FORMAT JSON) EXECUTE checked({arguments})"
+        "EXPLAIN ({options}) EXECUTE checked({arguments})"
     )))
     .fetch_one(&mut conn)
     .await

@@ -7,7 +7,7 @@
 
 use serde_json::Value;
 use testkit::TestDb;
-use testkit::plan::{generic_plan, plan_nodes};
+use testkit::plan::{generic_plan, generic_plan_run, plan_nodes, rows_read_from};
 
 /// The nodes of `plan` that read `index`.
 fn reading<'a>(plan: &'a Value, index: &str) -> Vec<&'a Value> {
@@ -82,9 +82,100 @@ async fn the_enqueue_batch_look_ups_hold_their_whole_keys() {
     // A specview in flight: the analysis's specviews, not all of the user's.
     assert!(!reading(&plan, "specviews_analysis").is_empty(), "{plan:#}");
     assert!(
-        reading(&plan, "specviews_user_recency").is_empty(),
+        reading(&plan, "specviews_user_state_recency").is_empty(),
         "{plan:#}"
     );
     // The quota standings: the tier by the user's key.
     assert!(!reading(&plan, "users_pkey").is_empty(), "{plan:#}");
+}
+
+/// A user with a long history: `completed` analyses, each with a completed specview, then two
+/// `failed` of each; returns the user.
+async fn long_history(db: &TestDb, completed: i32) -> uuid::Uuid {
+    let user: uuid::Uuid =
+        sqlx::query_scalar("INSERT INTO users (name, tier) VALUES ('long', 'pro') RETURNING id")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    sqlx::query(
+        "WITH made AS ( \
+           INSERT INTO analyses (user_id, repository, commit, state, created_at) \
+           SELECT $1, 'https://example.com/o/r' || n, repeat('a', 40), \
+                  CASE WHEN n > $2 THEN 'failed' ELSE 'completed' END::fairlane_work_state, \
+                  now() - make_interval(secs => 10000 - n) \
+           FROM generate_series(1, $2 + 2) AS n RETURNING id, state, created_at) \
+         INSERT INTO specviews (user_id, analysis_id, state, created_at) \
+         SELECT $1, id, state, created_at FROM made",
+    )
+    .bind(user)
+    .bind(completed)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    user
+}
+
+#[tokio::test]
+async fn a_page_reads_about_a_page_of_rows_however_long_the_history() {
+    use web::routes::listing::{Filter, page_statement};
+    use web::routes::{AnalysisSummary, SpecviewSummary, WorkState};
+
+    let db = TestDb::new().await;
+    let history = 400;
+    let user = long_history(&db, history).await;
+    let size = 20;
+    // Planned before and after the first `ANALYZE` of the tables.
+    for analyzed in [false, true] {
+        if analyzed {
+            sqlx::raw_sql("ANALYZE analyses; ANALYZE specviews")
+                .execute(&db.pool)
+                .await
+                .unwrap();
+        }
+        let page = size + 1;
+        let every = format!("'{user}', {page}, {page}");
+        let of = |filter: &str| format!("'{user}', {filter}, {page}");
+        for (table, filter, arguments, most) in [
+            ("analyses", None, every.clone(), 4 * page),
+            (
+                "analyses",
+                Some(Filter::State(WorkState::Failed)),
+                of("'failed'"),
+                page,
+            ),
+            (
+                "analyses",
+                Some(Filter::State(WorkState::Pending)),
+                of("'pending'"),
+                page,
+            ),
+            (
+                "analyses",
+                Some(Filter::Repository(vec!["https://example.com/o/r7".into()])),
+                format!("'{{https://example.com/o/r7}}', '{user}', {page}, {page}"),
+                page,
+            ),
+            ("specviews", None, every.clone(), 4 * page),
+            (
+                "specviews",
+                Some(Filter::State(WorkState::Failed)),
+                of("'failed'"),
+                page,
+            ),
+        ] {
+            let filters: Vec<Filter> = filter.into_iter().collect();
+            let statement = if table == "analyses" {
+                page_statement::<AnalysisSummary>(user, &filters, None, size)
+            } else {
+                page_statement::<SpecviewSummary>(user, &filters, None, size)
+            };
+            let plan = generic_plan_run(&db, statement.sql().as_str(), &arguments).await;
+            let read = rows_read_from(&plan, table);
+            assert!(
+                read <= u64::from(most),
+                "a page of {table} ({filters:?}, analyzed: {analyzed}) read {read} rows of \
+                 {history} and more: {plan:#}"
+            );
+        }
+    }
 }

@@ -1,14 +1,15 @@
 //! Lists of a user's records (`GET /v1/analyses`, `GET /v1/specviews`): newest first, a page at
 //! a time, by keyset on `(created_at, id)` with an opaque cursor naming the last item of the
-//! page before. A page costs one index range scan however deep the list is (an offset would
-//! read and drop every row before it), and records created while a client pages do not shift
-//! or repeat the rows it has still to read.
+//! page before. A page reads about a page of rows however deep the list is (one repository's:
+//! that repository's records; [`page_statement`]), where an offset would read and drop every row
+//! before it; and records created while a client pages do not shift or repeat the rows it has
+//! still to read.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use chrono::{DateTime, Utc};
-use sqlx::PgPool;
-use sqlx::postgres::PgRow;
+use sqlx::postgres::{PgRow, Postgres};
+use sqlx::{PgPool, QueryBuilder};
 use uuid::Uuid;
 
 use super::{AnalysisSummary, SpecviewSummary, WorkState};
@@ -89,8 +90,8 @@ pub fn page_size(limit: Option<u32>) -> Result<u32, Problem> {
 
 /// A record a list pages through.
 pub trait Listed: for<'r> sqlx::FromRow<'r, PgRow> + Send + Unpin {
-    /// The table, which has `user_id`, `created_at` and `id` and the index
-    /// `(user_id, created_at, id)`.
+    /// The table, which has `user_id`, `state` (a `fairlane_work_state`), `created_at` and `id`
+    /// and the index `(user_id, state, created_at, id)`.
     const TABLE: &'static str;
     /// The `SELECT` list of the type.
     const COLUMNS: &'static str;
@@ -123,7 +124,7 @@ impl Listed for SpecviewSummary {
 #[derive(Debug, Clone)]
 pub enum Filter {
     State(WorkState),
-    /// Any of these stored repository URLs (a repository's spellings).
+    /// Any of these stored repository URLs (a repository's spellings, each once).
     Repository(Vec<String>),
     Analysis(Uuid),
 }
@@ -137,12 +138,61 @@ pub async fn page<T: Listed>(
     after: Option<Cursor>,
     size: u32,
 ) -> Result<(Vec<T>, Option<String>), sqlx::Error> {
-    let mut query = sqlx::QueryBuilder::new(format!(
-        "SELECT {} FROM {} WHERE user_id = ",
-        T::COLUMNS,
-        T::TABLE
-    ));
-    query.push_bind(user);
+    let mut query = page_statement::<T>(user, filters, after, size);
+    let mut rows: Vec<T> = query.build_query_as().fetch_all(pool).await?;
+    let more = rows.len() > size as usize;
+    rows.truncate(size as usize);
+    let next = if more {
+        rows.last().map(|last| last.cursor().encode())
+    } else {
+        None
+    };
+    Ok((rows, next))
+}
+
+/// The statement that reads a page (see [`page`]) and its arguments: one row more than `size`,
+/// which tells whether there is a next page without a count.
+///
+/// A page of one state is one range scan of `(user_id, state, created_at, id)` from the cursor,
+/// and a page of one analysis's specviews one of `specviews_analysis`. The others read a range
+/// per value of a column and keep the newest rows: an unfiltered page up to a page from each
+/// state's range (at most four pages of rows, however long the history), a repository's page
+/// the caller's analyses of each spelling by the cache's index (`analyses_user`), sorted. A
+/// scan of all the caller's records with a filter would read every record of the other states
+/// or repositories, on every page.
+pub fn page_statement<T: Listed>(
+    user: Uuid,
+    filters: &[Filter],
+    after: Option<Cursor>,
+    size: u32,
+) -> QueryBuilder<Postgres> {
+    let rows = i64::from(size) + 1;
+    let spellings = filters.iter().find_map(|filter| match filter {
+        Filter::Repository(spellings) => Some(spellings),
+        _ => None,
+    });
+    let mut query = QueryBuilder::new("SELECT ");
+    // The column whose values each get a range of their own, joined with the row of `listed`.
+    let per_value = if let Some(spellings) = spellings {
+        query
+            .push("page.* FROM unnest(")
+            .push_bind(spellings.clone())
+            .push("::text[]) AS listed (repository) CROSS JOIN LATERAL (SELECT ");
+        Some("repository")
+    } else if filters.is_empty() {
+        query.push(
+            "page.* FROM unnest(enum_range(NULL::fairlane_work_state)) AS listed (state) \
+             CROSS JOIN LATERAL (SELECT ",
+        );
+        Some("state")
+    } else {
+        None
+    };
+    query.push(format!("{} FROM {} WHERE ", T::COLUMNS, T::TABLE));
+    if let Some(column) = per_value {
+        query.push(format!("{}.{column} = listed.{column} AND ", T::TABLE));
+    }
+    query.push("user_id = ").push_bind(user);
     for filter in filters {
         match filter {
             Filter::State(state) => {
@@ -150,12 +200,8 @@ pub async fn page<T: Listed>(
                     .push(" AND state = ")
                     .push_bind(records::WorkState::from(*state));
             }
-            Filter::Repository(spellings) => {
-                query
-                    .push(" AND repository = ANY (")
-                    .push_bind(spellings.clone())
-                    .push(")");
-            }
+            // The range's own.
+            Filter::Repository(_) => {}
             Filter::Analysis(id) => {
                 query.push(" AND analysis_id = ").push_bind(*id);
             }
@@ -169,19 +215,15 @@ pub async fn page<T: Listed>(
             .push_bind(after.id)
             .push(")");
     }
-    // One row more than the page: whether there is a next page, without a count.
     query
         .push(" ORDER BY created_at DESC, id DESC LIMIT ")
-        .push_bind(i64::from(size) + 1);
-    let mut rows: Vec<T> = query.build_query_as().fetch_all(pool).await?;
-    let more = rows.len() > size as usize;
-    rows.truncate(size as usize);
-    let next = if more {
-        rows.last().map(|last| last.cursor().encode())
-    } else {
-        None
-    };
-    Ok((rows, next))
+        .push_bind(rows);
+    if per_value.is_some() {
+        query
+            .push(") AS page ORDER BY page.created_at DESC, page.id DESC LIMIT ")
+            .push_bind(rows);
+    }
+    query
 }
 
 #[cfg(test)]
