@@ -34,12 +34,22 @@ pub async fn generic_plan_run(db: &TestDb, sql: &str, arguments: &str) -> Value 
     explain_generic(db, sql, arguments, "ANALYZE, FORMAT JSON").await
 }
 
-/// The rows that the nodes of `explained` (from [`generic_plan_run`]) read from `table`:
-/// returned and dropped by their filters, over all their loops.
+/// About how many rows of `table` the nodes of `explained` (from [`generic_plan_run`]) read:
+/// the rows its scans returned and their filters dropped, and the entries its indexes named
+/// `<table>_…` gave to bitmap scans, over all their loops. `EXPLAIN` gives each count per loop,
+/// rounded, so the sum is approximate; index entries an index scan skips within its range
+/// (a condition on a column after the first it cannot use) are not counted.
 pub fn rows_read_from(explained: &Value, table: &str) -> u64 {
+    let prefix = format!("{table}_");
     plan_nodes(explained)
         .into_iter()
-        .filter(|n| n["Relation Name"] == table)
+        .filter(|n| {
+            n["Relation Name"] == table
+                || (n["Node Type"] == "Bitmap Index Scan"
+                    && n["Index Name"]
+                        .as_str()
+                        .is_some_and(|i| i.starts_with(&prefix)))
+        })
         .map(|n| {
             let per_loop = n["Actual Rows"].as_u64().unwrap_or(0)
                 + n["Rows Removed by Filter"].as_u64().unwrap_or(0)

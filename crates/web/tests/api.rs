@@ -2520,6 +2520,22 @@ async fn the_callers_records_are_listed_newest_first_a_page_at_a_time() {
     assert_eq!(ids, vec![created[1].clone()]);
     let (ids, _) = all_pages(&s.http, "/v1/analyses?state=completed&limit=5", &alice).await;
     assert!(ids.is_empty());
+    // Both filters: the repository's records (either spelling) of that state.
+    let (ids, _) = all_pages(
+        &s.http,
+        &format!("/v1/analyses?state=failed&repository={fixture}.git"),
+        &alice,
+    )
+    .await;
+    assert_eq!(ids, vec![created[1].clone()]);
+    let (ids, _) = all_pages(
+        &s.http,
+        &format!("/v1/analyses?state=pending&limit=2&repository={fixture}"),
+        &alice,
+    )
+    .await;
+    let want: Vec<String> = [4, 2, 0].iter().map(|i| created[*i].clone()).collect();
+    assert_eq!(ids, want);
 
     // A page read, then a new record: the next page goes on where the first ended.
     let page = s.http.get("/v1/analyses?limit=2", &alice).await.json();

@@ -117,13 +117,163 @@ async fn long_history(db: &TestDb, completed: i32) -> uuid::Uuid {
 
 #[tokio::test]
 async fn a_page_reads_about_a_page_of_rows_however_long_the_history() {
-    use web::routes::listing::{Filter, page_statement};
+    use web::routes::listing::{Cursor, Filter, page_statement};
     use web::routes::{AnalysisSummary, SpecviewSummary, WorkState};
 
     let db = TestDb::new().await;
     let history = 400;
     let user = long_history(&db, history).await;
+    // The analysis of `…/o/r7` (completed), and the 101st newest analysis as a cursor.
+    let r7: uuid::Uuid =
+        sqlx::query_scalar("SELECT id FROM analyses WHERE repository = 'https://example.com/o/r7'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    let (at, id): (chrono::DateTime<chrono::Utc>, uuid::Uuid) = sqlx::query_as(
+        "SELECT created_at, id FROM analyses ORDER BY created_at DESC, id DESC OFFSET 100 LIMIT 1",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let cursor = Cursor { created_at: at, id };
     let size = 20;
+    let page = size + 1;
+    let (u, r7_spelling) = (
+        format!("'{user}'"),
+        "'{https://example.com/o/r7}'".to_owned(),
+    );
+    let (r401_spelling, at) = (
+        "'{https://example.com/o/r401}'".to_owned(),
+        format!("'{}'", at.to_rfc3339()),
+    );
+    let n = page.to_string();
+    let failed = Filter::State(WorkState::Failed);
+    let r7_filter = || Filter::Repository(vec!["https://example.com/o/r7".into()]);
+    /// The table, the filters, the cursor, the statement's arguments, the rows it returns and
+    /// the most rows it may read.
+    type Case = (
+        &'static str,
+        Vec<Filter>,
+        Option<Cursor>,
+        Vec<String>,
+        u64,
+        u32,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "analyses",
+            vec![],
+            None,
+            vec![u.clone(), n.clone(), n.clone()],
+            21,
+            4 * page,
+        ),
+        (
+            "analyses",
+            vec![],
+            Some(cursor),
+            vec![
+                u.clone(),
+                at.clone(),
+                format!("'{id}'"),
+                n.clone(),
+                n.clone(),
+            ],
+            21,
+            4 * page,
+        ),
+        (
+            "analyses",
+            vec![failed.clone()],
+            None,
+            vec![u.clone(), "'failed'".into(), n.clone()],
+            2,
+            page,
+        ),
+        (
+            "analyses",
+            vec![Filter::State(WorkState::Pending)],
+            None,
+            vec![u.clone(), "'pending'".into(), n.clone()],
+            0,
+            page,
+        ),
+        (
+            "analyses",
+            vec![r7_filter()],
+            None,
+            vec![r7_spelling.clone(), u.clone(), n.clone()],
+            1,
+            page,
+        ),
+        // A spelling given twice (a `file://` repository's two spellings are one) reads it once.
+        (
+            "analyses",
+            vec![Filter::Repository(vec![
+                "https://example.com/o/r7".into(),
+                "https://example.com/o/r7".into(),
+            ])],
+            None,
+            vec![
+                "'{https://example.com/o/r7,https://example.com/o/r7}'".into(),
+                u.clone(),
+                n.clone(),
+            ],
+            1,
+            page,
+        ),
+        (
+            "analyses",
+            vec![failed.clone(), r7_filter()],
+            None,
+            vec![r7_spelling.clone(), u.clone(), "'failed'".into(), n.clone()],
+            0,
+            page,
+        ),
+        (
+            "analyses",
+            vec![
+                failed.clone(),
+                Filter::Repository(vec!["https://example.com/o/r401".into()]),
+            ],
+            None,
+            vec![r401_spelling, u.clone(), "'failed'".into(), n.clone()],
+            1,
+            page,
+        ),
+        (
+            "specviews",
+            vec![],
+            None,
+            vec![u.clone(), n.clone(), n.clone()],
+            21,
+            4 * page,
+        ),
+        (
+            "specviews",
+            vec![failed.clone()],
+            None,
+            vec![u.clone(), "'failed'".into(), n.clone()],
+            2,
+            page,
+        ),
+        (
+            "specviews",
+            vec![Filter::Analysis(r7)],
+            None,
+            vec![format!("'{r7}'"), u.clone(), n.clone()],
+            1,
+            page,
+        ),
+        (
+            "specviews",
+            vec![Filter::Analysis(r7), failed.clone()],
+            None,
+            vec![format!("'{r7}'"), u.clone(), "'failed'".into(), n.clone()],
+            0,
+            page,
+        ),
+    ];
     // Planned before and after the first `ANALYZE` of the tables.
     for analyzed in [false, true] {
         if analyzed {
@@ -132,49 +282,22 @@ async fn a_page_reads_about_a_page_of_rows_however_long_the_history() {
                 .await
                 .unwrap();
         }
-        let page = size + 1;
-        let every = format!("'{user}', {page}, {page}");
-        let of = |filter: &str| format!("'{user}', {filter}, {page}");
-        for (table, filter, arguments, most) in [
-            ("analyses", None, every.clone(), 4 * page),
-            (
-                "analyses",
-                Some(Filter::State(WorkState::Failed)),
-                of("'failed'"),
-                page,
-            ),
-            (
-                "analyses",
-                Some(Filter::State(WorkState::Pending)),
-                of("'pending'"),
-                page,
-            ),
-            (
-                "analyses",
-                Some(Filter::Repository(vec!["https://example.com/o/r7".into()])),
-                format!("'{{https://example.com/o/r7}}', '{user}', {page}, {page}"),
-                page,
-            ),
-            ("specviews", None, every.clone(), 4 * page),
-            (
-                "specviews",
-                Some(Filter::State(WorkState::Failed)),
-                of("'failed'"),
-                page,
-            ),
-        ] {
-            let filters: Vec<Filter> = filter.into_iter().collect();
-            let statement = if table == "analyses" {
-                page_statement::<AnalysisSummary>(user, &filters, None, size)
+        for (table, filters, after, arguments, returned, most) in &cases {
+            let statement = if *table == "analyses" {
+                page_statement::<AnalysisSummary>(user, filters, *after, size)
             } else {
-                page_statement::<SpecviewSummary>(user, &filters, None, size)
+                page_statement::<SpecviewSummary>(user, filters, *after, size)
             };
-            let plan = generic_plan_run(&db, statement.sql().as_str(), &arguments).await;
+            let plan = generic_plan_run(&db, statement.sql().as_str(), &arguments.join(", ")).await;
+            let case = format!("a page of {table} ({filters:?}, {after:?}, analyzed: {analyzed})");
+            assert_eq!(
+                plan[0]["Plan"]["Actual Rows"], *returned,
+                "{case}: {plan:#}"
+            );
             let read = rows_read_from(&plan, table);
             assert!(
-                read <= u64::from(most),
-                "a page of {table} ({filters:?}, analyzed: {analyzed}) read {read} rows of \
-                 {history} and more: {plan:#}"
+                read <= u64::from(*most),
+                "{case} read {read} rows of {history} and more: {plan:#}"
             );
         }
     }

@@ -124,7 +124,7 @@ impl Listed for SpecviewSummary {
 #[derive(Debug, Clone)]
 pub enum Filter {
     State(WorkState),
-    /// Any of these stored repository URLs (a repository's spellings, each once).
+    /// Any of these stored repository URLs (a repository's spellings).
     Repository(Vec<String>),
     Analysis(Uuid),
 }
@@ -153,13 +153,21 @@ pub async fn page<T: Listed>(
 /// The statement that reads a page (see [`page`]) and its arguments: one row more than `size`,
 /// which tells whether there is a next page without a count.
 ///
-/// A page of one state is one range scan of `(user_id, state, created_at, id)` from the cursor,
-/// and a page of one analysis's specviews one of `specviews_analysis`. The others read a range
-/// per value of a column and keep the newest rows: an unfiltered page up to a page from each
-/// state's range (at most four pages of rows, however long the history), a repository's page
-/// the caller's analyses of each spelling by the cache's index (`analyses_user`), sorted. A
-/// scan of all the caller's records with a filter would read every record of the other states
-/// or repositories, on every page.
+/// Each page is read by the index of the narrowest thing it names, so it reads about a page of
+/// rows however long the caller's history, and the plan cannot drift to another index:
+/// - one state: a range scan of `(user_id, state, created_at, id)` from the cursor;
+/// - nothing: up to a page from each state's range of that index, the newest kept (at most four
+///   pages of rows);
+/// - an analysis (with or without a state): that analysis's specviews by `specviews_analysis`,
+///   the caller and the state checked on them;
+/// - a repository (with or without a state): the caller's analyses of each spelling by the
+///   cache's `analyses_user`, the state checked on them, sorted: a repository costs what the
+///   caller has of it.
+///
+/// The last two read their rows in a subquery with `OFFSET 0`, which PostgreSQL neither merges
+/// into the outer query nor pushes the outer conditions into: otherwise the user's and the
+/// state's conditions could lead the planner (before an `ANALYZE` above all) to walk the
+/// caller's whole range of a state instead.
 pub fn page_statement<T: Listed>(
     user: Uuid,
     filters: &[Filter],
@@ -167,46 +175,90 @@ pub fn page_statement<T: Listed>(
     size: u32,
 ) -> QueryBuilder<Postgres> {
     let rows = i64::from(size) + 1;
-    let spellings = filters.iter().find_map(|filter| match filter {
-        Filter::Repository(spellings) => Some(spellings),
-        _ => None,
-    });
-    let mut query = QueryBuilder::new("SELECT ");
-    // The column whose values each get a range of their own, joined with the row of `listed`.
-    let per_value = if let Some(spellings) = spellings {
-        query
-            .push("page.* FROM unnest(")
-            .push_bind(spellings.clone())
-            .push("::text[]) AS listed (repository) CROSS JOIN LATERAL (SELECT ");
-        Some("repository")
-    } else if filters.is_empty() {
-        query.push(
-            "page.* FROM unnest(enum_range(NULL::fairlane_work_state)) AS listed (state) \
-             CROSS JOIN LATERAL (SELECT ",
-        );
-        Some("state")
-    } else {
-        None
-    };
-    query.push(format!("{} FROM {} WHERE ", T::COLUMNS, T::TABLE));
-    if let Some(column) = per_value {
-        query.push(format!("{}.{column} = listed.{column} AND ", T::TABLE));
-    }
-    query.push("user_id = ").push_bind(user);
+    let (mut state, mut spellings, mut analysis) = (None, None, None);
     for filter in filters {
         match filter {
-            Filter::State(state) => {
-                query
-                    .push(" AND state = ")
-                    .push_bind(records::WorkState::from(*state));
-            }
-            // The range's own.
-            Filter::Repository(_) => {}
-            Filter::Analysis(id) => {
-                query.push(" AND analysis_id = ").push_bind(*id);
-            }
+            Filter::State(s) => state = Some(records::WorkState::from(*s)),
+            Filter::Repository(s) => spellings = Some(s.clone()),
+            Filter::Analysis(id) => analysis = Some(*id),
         }
     }
+    let columns = T::COLUMNS;
+    let table = T::TABLE;
+    let mut query = QueryBuilder::new("SELECT ");
+    // The rows of the page's range(s) as `page`, with the conditions still to check on them.
+    let mut checks: Vec<(&str, Bound)> = Vec::new();
+    if let Some(analysis) = analysis {
+        query
+            .push(format!(
+                "page.* FROM (SELECT {columns}, user_id AS owner FROM {table} WHERE analysis_id = "
+            ))
+            .push_bind(analysis);
+        push_after(&mut query, after);
+        query.push(" OFFSET 0) AS page");
+        checks.push(("page.owner = ", Bound::User(user)));
+        checks.extend(state.map(|s| ("page.state = ", Bound::State(s))));
+    } else if let Some(spellings) = spellings {
+        query
+            .push("page.* FROM (SELECT DISTINCT unnest(")
+            .push_bind(spellings)
+            .push(format!(
+                "::text[])) AS listed (repository) CROSS JOIN LATERAL (SELECT {columns} \
+                 FROM {table} WHERE {table}.repository = listed.repository AND user_id = "
+            ))
+            .push_bind(user);
+        push_after(&mut query, after);
+        query.push(" OFFSET 0) AS page");
+        checks.extend(state.map(|s| ("page.state = ", Bound::State(s))));
+    } else if let Some(state) = state {
+        query
+            .push(format!("{columns} FROM {table} WHERE user_id = "))
+            .push_bind(user)
+            .push(" AND state = ")
+            .push_bind(state);
+        push_after(&mut query, after);
+        query
+            .push(" ORDER BY created_at DESC, id DESC LIMIT ")
+            .push_bind(rows);
+        return query;
+    } else {
+        query
+            .push(format!(
+                "page.* FROM unnest(enum_range(NULL::fairlane_work_state)) AS listed (state) \
+                 CROSS JOIN LATERAL (SELECT {columns} FROM {table} \
+                 WHERE {table}.state = listed.state AND user_id = "
+            ))
+            .push_bind(user);
+        push_after(&mut query, after);
+        query
+            .push(" ORDER BY created_at DESC, id DESC LIMIT ")
+            .push_bind(rows)
+            .push(") AS page");
+    }
+    for (n, (check, value)) in checks.into_iter().enumerate() {
+        query
+            .push(if n == 0 { " WHERE " } else { " AND " })
+            .push(check);
+        match value {
+            Bound::User(user) => query.push_bind(user),
+            // The page's `state` is the column's text.
+            Bound::State(state) => query.push_bind(state.as_str()),
+        };
+    }
+    query
+        .push(" ORDER BY page.created_at DESC, page.id DESC LIMIT ")
+        .push_bind(rows);
+    query
+}
+
+/// A value a page's rows are checked against after they are read.
+enum Bound {
+    User(Uuid),
+    State(records::WorkState),
+}
+
+/// The keyset condition of the page after `after`, if any.
+fn push_after(query: &mut QueryBuilder<Postgres>, after: Option<Cursor>) {
     if let Some(after) = after {
         query
             .push(" AND (created_at, id) < (")
@@ -215,15 +267,6 @@ pub fn page_statement<T: Listed>(
             .push_bind(after.id)
             .push(")");
     }
-    query
-        .push(" ORDER BY created_at DESC, id DESC LIMIT ")
-        .push_bind(rows);
-    if per_value.is_some() {
-        query
-            .push(") AS page ORDER BY page.created_at DESC, page.id DESC LIMIT ")
-            .push_bind(rows);
-    }
-    query
 }
 
 #[cfg(test)]
