@@ -577,8 +577,8 @@ struct BatchRead {
 /// analysis of the repository at the commit, or else a copy of anyone's (the inventory of a
 /// public commit is the same for everybody) made for the caller in the same statement, or else
 /// the caller's own analysis of it still in flight (`pending` or `running`, its job not final
-/// and no cancel asked of it: a request sent again, after a timeout say, gets the job it
-/// started instead of a second, billed one); and for each specview request, the caller's own
+/// and no cancel asked of it, the newest such if there are several: a request sent again,
+/// after a timeout say, gets the job it started instead of a second, billed one); and for each specview request, the caller's own
 /// specview of the analysis in flight. The repository is matched by its cache key, so an
 /// analysis of `…/o/r.git` serves `…/o/r`; the copy stores the caller's spelling, its result
 /// the one that was fetched. The three row sets come back side by side (`FULL JOIN … ON
@@ -748,6 +748,8 @@ pub fn cached_and_standings_sql() -> &'static str {
                  ) b \
                  ORDER BY b.state = 'completed' DESC, \
                           CASE WHEN b.state = 'completed' THEN b.completed_at END DESC NULLS LAST, \
+                          CASE WHEN b.state <> 'completed' THEN {mine_job_in_flight} END \
+                            DESC NULLS LAST, \
                           b.created_at DESC, b.id DESC \
                  LIMIT 1 \
                ) f \
@@ -808,6 +810,7 @@ pub fn cached_and_standings_sql() -> &'static str {
             specview_requests =
                 queue::compose::unnest_params(1 + CACHE_TYPES.len(), &SPECVIEW_TYPES),
             standings = quota::standings_cte(1 + CACHE_TYPES.len() + SPECVIEW_TYPES.len()),
+            mine_job_in_flight = job_in_flight!("b", "analysis_id"),
             analysis_job_in_flight = job_in_flight!("m", "analysis_id"),
             specview_job_in_flight = job_in_flight!("s", "specview_id"),
         )

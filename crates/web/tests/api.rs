@@ -2655,7 +2655,8 @@ async fn the_callers_records_are_listed_newest_first_a_page_at_a_time() {
 /// A request sent again while the work it started is in flight (`pending` or `running`), as a
 /// client does after a timeout, gets that work and its job: no second job, no second
 /// reservation, and no `quota_exceeded` for a user whose one remaining unit it holds. Either
-/// spelling of the repository finds it. Once it has failed, the request enqueues anew; once
+/// spelling of the repository finds it, and of several records of it the one whose job is in
+/// flight. Once it has failed, the request enqueues anew; once
 /// another user's original of the commit is completed, the cache answers instead.
 #[tokio::test]
 async fn a_request_sent_again_while_its_work_is_in_flight_gets_the_same_job() {
@@ -2755,6 +2756,24 @@ async fn a_request_sent_again_while_its_work_is_in_flight_gets_the_same_job() {
     assert_eq!(restarted.status, 202, "{}", restarted.text());
     let restarted = restarted.json();
     assert_ne!(restarted["job"]["id"], doomed["job"]["id"]);
+    // A newer record of the same work whose job is not in flight (here: none, as a restore might
+    // leave it) does not hide an older one whose job is: the request gets the older one.
+    sqlx::query(
+        "INSERT INTO analyses (user_id, repository, commit, state, created_at) \
+         SELECT user_id, repository, commit, 'pending', created_at + interval '1 second' \
+         FROM analyses WHERE id = $1::uuid",
+    )
+    .bind(restarted["analysis_id"].as_str().unwrap())
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let again = s
+        .http
+        .post_json("/v1/analyses", &pro, &analysis_body(5))
+        .await;
+    assert_eq!(again.status, 202, "{}", again.text());
+    assert_eq!(again.json()["analysis_id"], restarted["analysis_id"]);
+    assert_eq!(again.json()["job"]["id"], restarted["job"]["id"]);
     sqlx::query("DELETE FROM fairlane_job WHERE id = $1")
         .bind(restarted["job"]["id"].as_i64().unwrap())
         .execute(&db.pool)
