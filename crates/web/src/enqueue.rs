@@ -577,12 +577,12 @@ struct BatchRead {
 /// analysis of the repository at the commit, or else a copy of anyone's (the inventory of a
 /// public commit is the same for everybody) made for the caller in the same statement, or else
 /// the caller's own analysis of it still in flight (`pending` or `running`, its job not final
-/// and no cancel asked of it, the newest such if there are several: a request sent again,
-/// after a timeout say, gets the job it started instead of a second, billed one); and for each specview request, the caller's own
-/// specview of the analysis in flight. The repository is matched by its cache key, so an
-/// analysis of `…/o/r.git` serves `…/o/r`; the copy stores the caller's spelling, its result
-/// the one that was fetched. The three row sets come back side by side (`FULL JOIN … ON
-/// false`), each row filled from one of them.
+/// and no cancel asked of it, the newest of them if there are several: a request sent again,
+/// after a timeout say, gets the job it started instead of a second, billed one); and for each
+/// specview request, the caller's own specview of the analysis in flight. The repository is
+/// matched by its cache key, so an analysis of `…/o/r.git` serves `…/o/r`; the copy stores the
+/// caller's spelling, its result the one that was fetched. The three row sets come back side by
+/// side (`FULL JOIN … ON false`), each row filled from one of them.
 async fn cached_and_standings(
     conn: &mut PgConnection,
     items: &[&EnqueueRequest],

@@ -158,11 +158,12 @@ pub async fn page<T: Listed>(
 /// - one state: a range scan of `(user_id, state, created_at, id)` from the cursor;
 /// - nothing: up to a page from each state's range of that index, the newest kept (at most four
 ///   pages of rows);
-/// - an analysis (with or without a state): that analysis's specviews by `specviews_analysis`,
-///   the caller and the state checked on them;
-/// - a repository (with or without a state): the caller's analyses of each spelling by the
-///   cache's `analyses_user`, the state checked on them, sorted: a repository costs what the
-///   caller has of it.
+/// - an analysis (with or without a state): that analysis's specviews after the cursor by
+///   `specviews_analysis`, the caller and the state checked on them, sorted: an analysis costs
+///   what it has of specviews (a few, each one billed);
+/// - a repository (with or without a state): the caller's analyses of each spelling after the
+///   cursor by the cache's `analyses_user`, the state checked on them, sorted: a repository
+///   costs what the caller has of it.
 ///
 /// The last two read their rows in a subquery with `OFFSET 0`, which PostgreSQL neither merges
 /// into the outer query nor pushes the outer conditions into: otherwise the user's and the
