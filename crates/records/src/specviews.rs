@@ -44,8 +44,10 @@ pub async fn claim(
          ) \
          SELECT c.id, c.user_id, c.analysis_id, c.job_id, a.state AS analysis_state, \
                 a.repository, a.commit, \
-                CASE WHEN a.state = 'completed' THEN a.result::text END AS analysis_result \
-         FROM claimed c JOIN analyses a ON a.id = c.analysis_id",
+                CASE WHEN a.state = 'completed' THEN coalesce(a.result, o.result)::text END \
+                  AS analysis_result \
+         FROM claimed c JOIN analyses a ON a.id = c.analysis_id \
+         LEFT JOIN analyses o ON a.result IS NULL AND o.id = a.cached_from",
         )
         .bind(specview_id)
         .bind(job_id)

@@ -205,6 +205,19 @@ async fn heavy_specviews_of_known_and_unusable_analyses() {
     let (good, good_job) = enqueue(&db.pool, u, known).await;
     let (early, early_job) = enqueue(&db.pool, u, running).await;
     let (bad, bad_job) = enqueue(&db.pool, u, unreadable).await;
+    // Another user's cache copy of the known analysis, which shares its inventory.
+    let other = user(&db.pool).await;
+    let copy: Uuid = sqlx::query_scalar(
+        "INSERT INTO analyses (user_id, repository, commit, state, cached_from, completed_at) \
+         SELECT $1, repository, commit, 'completed', id, now() FROM analyses WHERE id = $2 \
+         RETURNING id",
+    )
+    .bind(other)
+    .bind(known)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let (of_copy, of_copy_job) = enqueue(&db.pool, other, copy).await;
     let mut worker = spawn(&db);
 
     let s = settled(&db.pool, good, good_job).await;
@@ -244,6 +257,11 @@ async fn heavy_specviews_of_known_and_unusable_analyses() {
         .unwrap();
     assert_eq!(output["behaviours"], 6);
     assert_eq!(output["files"], 2);
+
+    let s = settled(&db.pool, of_copy, of_copy_job).await;
+    assert_eq!(s.state, "completed", "{s:?}");
+    assert_eq!(s.markdown.as_deref(), Some(EXPECTED_MARKDOWN));
+    assert_eq!(s.result.unwrap()["analysis_id"], copy.to_string());
 
     let s = settled(&db.pool, early, early_job).await;
     assert_eq!(

@@ -575,13 +575,15 @@ struct BatchRead {
 /// earlier lock holders committed, as the quota check needs): the standings of `plan`
 /// ([`quota::standings_cte`]) and, for each analysis request, the caller's own completed
 /// analysis of the repository at the commit, or else a copy of anyone's (the inventory of a
-/// public commit is the same for everybody) made for the caller in the same statement, or else
+/// public commit is the same for everybody) made for the caller in the same statement, which
+/// shares the original's inventory rather than storing it again ([`crate::routes::ANALYSES_READ`]),
+/// or else
 /// the caller's own analysis of it still in flight (`pending` or `running`, its job not final
 /// and no cancel asked of it, the newest of them if there are several: a request sent again,
 /// after a timeout say, gets the job it started instead of a second, billed one); and for each
 /// specview request, the caller's own specview of the analysis in flight. The repository is
 /// matched by its cache key, so an analysis of `…/o/r.git` serves `…/o/r`; the copy stores the
-/// caller's spelling, its result the one that was fetched. The three row sets come back side by
+/// caller's spelling, and its inventory names the one that was fetched. The three row sets come back side by
 /// side (`FULL JOIN … ON false`), each row filled from one of them.
 async fn cached_and_standings(
     conn: &mut PgConnection,
@@ -756,13 +758,13 @@ pub fn cached_and_standings_sql() -> &'static str {
              ), own AS ( \
                SELECT * FROM mine WHERE state = 'completed' \
              ), original AS ( \
-               SELECT i.ord, f.id, f.result FROM input i \
+               SELECT i.ord, f.id FROM input i \
                CROSS JOIN LATERAL ( \
-                 SELECT a.id, a.result, a.completed_at FROM analyses a \
+                 SELECT a.id, a.completed_at FROM analyses a \
                  WHERE a.repository = i.keyed_bare AND a.commit = i.commit \
                    AND a.state = 'completed' AND a.cached_from IS NULL \
                  UNION ALL \
-                 SELECT a.id, a.result, a.completed_at FROM analyses a \
+                 SELECT a.id, a.completed_at FROM analyses a \
                  WHERE a.repository = i.keyed_git AND a.commit = i.commit \
                    AND a.state = 'completed' AND a.cached_from IS NULL \
                  ORDER BY completed_at DESC LIMIT 1 \
@@ -770,7 +772,7 @@ pub fn cached_and_standings_sql() -> &'static str {
                WHERE NOT EXISTS (SELECT 1 FROM own o WHERE o.ord = i.ord) \
              ), source AS ( \
                SELECT i.ord, gen_random_uuid() AS copy_id, i.user_id, i.repository, \
-                      i.keyed_bare, i.commit, i.requested_ref, o.id AS source_id, o.result \
+                      i.keyed_bare, i.commit, i.requested_ref, o.id AS source_id \
                FROM original o JOIN input i ON i.ord = o.ord \
                WHERE NOT EXISTS (SELECT 1 FROM input e WHERE e.user_id = i.user_id \
                                  AND e.keyed_bare = i.keyed_bare AND e.commit = i.commit \
@@ -789,9 +791,9 @@ pub fn cached_and_standings_sql() -> &'static str {
                ) f \
              ), copied AS ( \
                INSERT INTO analyses (id, user_id, repository, requested_ref, commit, state, \
-                                     cached_from, result, completed_at) \
+                                     cached_from, completed_at) \
                SELECT copy_id, user_id, repository, requested_ref, commit, 'completed', \
-                      source_id, result, now() FROM source \
+                      source_id, now() FROM source \
                RETURNING {ANALYSIS_COLUMNS_WITHOUT_RESULT} \
              ), cache_hit AS ( \
                SELECT * FROM own \

@@ -132,7 +132,8 @@ impl LargeReads {
         u32::try_from(mib).unwrap_or(u32::MAX).clamp(1, self.total)
     }
 
-    /// Reads the row of `table` with `id` belonging to `user`: in one statement of
+    /// Reads the row of `table` (a table, or what to read it from as that name, such as
+    /// [`crate::routes::ANALYSES_READ`]) with `id` belonging to `user`: in one statement of
     /// `weighed_columns` (a [`Weighed`] row) when its large values are small, else, once their
     /// share of the budget is free, again with `columns`, whole. Each statement runs on a
     /// connection that gives back the buffers it grew ([`records::with_buffers_given_back`]).

@@ -1151,6 +1151,63 @@ async fn completed_analysis(
     .unwrap();
 }
 
+/// A cache hit's copy stores no inventory of its own: it is read with its original's. When the
+/// original goes (its owner is deleted), the inventory is written into the copy first, which
+/// reads as before.
+#[tokio::test]
+async fn a_cache_copy_shares_its_originals_inventory_and_keeps_it_when_the_original_goes() {
+    let db = TestDb::new().await;
+    let s = start(&db).await;
+    let (owner, _) = user_with_key(&db.pool, "pro").await;
+    let (_, key) = user_with_key(&db.pool, "pro").await;
+    let repository = "https://github.com/fairlane-test/fixture";
+    completed_analysis(&db.pool, owner, repository, &sha(5)).await;
+    let hit = s
+        .http
+        .post_json(
+            "/v1/analyses",
+            &key,
+            &json!({"repository": repository, "ref": sha(5)}),
+        )
+        .await;
+    assert_eq!(hit.status, 200, "{}", hit.text());
+    assert_eq!(hit.json()["result"]["tests"], 7);
+    let copy = hit.json()["id"].as_str().unwrap().to_owned();
+    let stored = |copy: String| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, Option<Value>>(
+                "SELECT result FROM analyses WHERE id = $1::uuid",
+            )
+            .bind(copy)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    assert_eq!(stored(copy.clone()).await, None, "the copy stores none");
+    let read = s.http.get(&format!("/v1/analyses/{copy}"), &key).await;
+    assert_eq!(read.status, 200, "{}", read.text());
+    assert_eq!(read.json()["result"]["tests"], 7);
+    assert_eq!(read.json()["cached"], true);
+
+    sqlx::query("DELETE FROM users WHERE id = $1")
+        .bind(owner)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(count(&db.pool, "analyses").await, 1);
+    assert_eq!(
+        stored(copy.clone()).await,
+        Some(json!({"tests": 7})),
+        "written into the copy"
+    );
+    let read = s.http.get(&format!("/v1/analyses/{copy}"), &key).await;
+    assert_eq!(read.status, 200, "{}", read.text());
+    assert_eq!(read.json()["result"]["tests"], 7);
+    s.stop().await;
+}
+
 /// Identical requests of one user that meet in one enqueue batch get one copy of the stored
 /// analysis between them, as requests one after the other do: each used to copy the whole
 /// inventory again, with an id of its own.
@@ -1411,7 +1468,7 @@ async fn a_cache_hit_whose_read_fails_after_the_commit_names_the_committed_copy(
     let mut admin = db.pool.acquire().await.unwrap();
     let readers: Vec<i32> = sqlx::query_scalar(
         "SELECT pid FROM pg_stat_activity WHERE datname = current_database() \
-         AND pid <> pg_backend_pid() AND query LIKE '%FROM analyses WHERE id = $1 AND user_id = $2'",
+         AND pid <> pg_backend_pid() AND query LIKE '% analyses WHERE id = $1 AND user_id = $2'",
     )
     .fetch_all(&mut *admin)
     .await

@@ -302,3 +302,25 @@ async fn a_page_reads_about_a_page_of_rows_however_long_the_history() {
         }
     }
 }
+
+#[tokio::test]
+async fn an_analysis_and_its_shared_inventory_are_read_by_their_keys() {
+    let db = TestDb::new().await;
+    let sql = format!(
+        "SELECT {} FROM {} WHERE id = $1 AND user_id = $2",
+        web::routes::ANALYSIS_COLUMNS,
+        web::routes::ANALYSES_READ
+    );
+    let plan = generic_plan(
+        &db,
+        &sql,
+        &format!("'{}', '{}'", uuid::Uuid::nil(), uuid::Uuid::nil()),
+    )
+    .await;
+    assert_no_scan_of_growing_tables(&plan);
+    let by_key: Vec<&str> = reading(&plan, "analyses_pkey")
+        .into_iter()
+        .filter_map(|n| n["Index Cond"].as_str())
+        .collect();
+    assert_eq!(by_key.len(), 2, "the record and its original: {plan:#}");
+}

@@ -13,8 +13,8 @@ use uuid::Uuid;
 
 use super::listing::{self, Cursor, Filter};
 use super::{
-    ANALYSIS_COLUMNS, ANALYSIS_COLUMNS_WEIGHED, AnalysisSummary, AnalysisView, JobSummary,
-    WorkState, is_object_id,
+    ANALYSES_READ, ANALYSIS_COLUMNS, ANALYSIS_COLUMNS_WEIGHED, AnalysisSummary, AnalysisView,
+    JobSummary, WorkState, is_object_id,
 };
 use crate::auth::AuthUser;
 use crate::conditional::{self, IfNoneMatch};
@@ -344,7 +344,7 @@ async fn read_analysis(
         .large_reads
         .read_record(
             &state.pool,
-            "analyses",
+            ANALYSES_READ,
             (ANALYSIS_COLUMNS, ANALYSIS_COLUMNS_WEIGHED),
             (id, user),
             Asked::json(condition),
