@@ -6,15 +6,19 @@
 -- copy its own job filled (it ran and stored one).
 --
 -- Before an original is deleted (with its user), its inventory is written into the copies that
--- share it, so they keep reading what they read before. A single `DELETE` that removes both an
+-- share it, so they keep reading what they read before. The enqueue batch locks the original it
+-- copies `FOR KEY SHARE`, as a foreign key would: a deletion that meets a copy not yet committed
+-- waits for it, and a copy made while a deletion is under way waits for that and then finds no
+-- original (the request is then analysed anew). A single `DELETE` that removes both an
 -- original and a copy sharing it is refused by PostgreSQL (the copy was changed by a trigger of
 -- the same command): a user never holds such a copy of their own original (the cache look-up
 -- answers with the original itself), so the cascade from `users` never meets it.
 --
--- The copies that share an original, for that write; a copy with its own inventory is not in it,
--- nor is any record the API or a worker writes (they have no `cached_from`, or a result).
-CREATE INDEX analyses_shared_copies ON analyses (cached_from)
-    WHERE cached_from IS NOT NULL AND result IS NULL;
+-- The copies of an original, for that write. The records the API and the workers write have no
+-- `cached_from` and are not in it. The predicate names `cached_from` alone: naming `result` too
+-- would make the worker's staging of a result (an update of `result` only) a non-HOT update,
+-- writing an entry in every index of the table.
+CREATE INDEX analyses_copies ON analyses (cached_from) WHERE cached_from IS NOT NULL;
 
 CREATE FUNCTION fairlane_analysis_copies_keep_inventory() RETURNS trigger
 LANGUAGE plpgsql AS $$

@@ -576,8 +576,9 @@ struct BatchRead {
 /// ([`quota::standings_cte`]) and, for each analysis request, the caller's own completed
 /// analysis of the repository at the commit, or else a copy of anyone's (the inventory of a
 /// public commit is the same for everybody) made for the caller in the same statement, which
-/// shares the original's inventory rather than storing it again ([`crate::routes::ANALYSES_READ`]),
-/// or else
+/// shares the original's inventory rather than storing it again ([`crate::routes::ANALYSES_READ`];
+/// the original is locked `FOR KEY SHARE`, as a foreign key would, so that a deletion of it
+/// waits for the copy to commit and then writes its inventory into it: ADR 0020), or else
 /// the caller's own analysis of it still in flight (`pending` or `running`, its job not final
 /// and no cancel asked of it, the newest of them if there are several: a request sent again,
 /// after a timeout say, gets the job it started instead of a second, billed one); and for each
@@ -774,6 +775,9 @@ pub fn cached_and_standings_sql() -> &'static str {
                SELECT i.ord, gen_random_uuid() AS copy_id, i.user_id, i.repository, \
                       i.keyed_bare, i.commit, i.requested_ref, o.id AS source_id \
                FROM original o JOIN input i ON i.ord = o.ord \
+               CROSS JOIN LATERAL ( \
+                 SELECT 1 FROM analyses l WHERE l.id = o.id FOR KEY SHARE \
+               ) kept \
                WHERE NOT EXISTS (SELECT 1 FROM input e WHERE e.user_id = i.user_id \
                                  AND e.keyed_bare = i.keyed_bare AND e.commit = i.commit \
                                  AND e.ord < i.ord) \

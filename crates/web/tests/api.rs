@@ -1208,6 +1208,56 @@ async fn a_cache_copy_shares_its_originals_inventory_and_keeps_it_when_the_origi
     s.stop().await;
 }
 
+/// A cache hit racing the deletion of its original never leaves a copy without an inventory: the
+/// batch locks the original it copies, so it waits for a deletion under way, then finds no
+/// original and enqueues the work anew.
+#[tokio::test]
+async fn a_cache_hit_racing_the_deletion_of_its_original_waits_and_enqueues_anew() {
+    let db = TestDb::new().await;
+    let s = start(&db).await;
+    let (owner, _) = user_with_key(&db.pool, "pro").await;
+    let (caller, key) = user_with_key(&db.pool, "pro").await;
+    let repository = "https://github.com/fairlane-test/fixture";
+    completed_analysis(&db.pool, owner, repository, &sha(5)).await;
+    // The owner's deletion, under way: the original is locked by its trigger.
+    let mut deletion = db.pool.begin().await.unwrap();
+    sqlx::query("DELETE FROM users WHERE id = $1")
+        .bind(owner)
+        .execute(&mut *deletion)
+        .await
+        .unwrap();
+    let http = s.http.clone();
+    let request = tokio::spawn(async move {
+        http.post_json(
+            "/v1/analyses",
+            &key,
+            &json!({"repository": repository, "ref": sha(5)}),
+        )
+        .await
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while testkit::lock_waiting_statements(&db.pool).await.is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cache hit did not wait for the deletion of its original"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    deletion.commit().await.unwrap();
+    let answer = request.await.unwrap();
+    assert_eq!(answer.status, 202, "{}", answer.text());
+    let (records, without_inventory): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE state = 'completed' AND result IS NULL) \
+         FROM analyses WHERE user_id = $1",
+    )
+    .bind(caller)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!((records, without_inventory), (1, 0));
+    s.stop().await;
+}
+
 /// Identical requests of one user that meet in one enqueue batch get one copy of the stored
 /// analysis between them, as requests one after the other do: each used to copy the whole
 /// inventory again, with an id of its own.
