@@ -41,6 +41,24 @@ pub async fn with_buffers_given_back<T>(
     result
 }
 
+/// What to read analyses from when their inventory is wanted: a `FROM` item named `$alias`
+/// with the columns of `analyses` (and `xmin`) whose `result` is the record's own inventory or,
+/// for a cache copy that shares it, its original's (`cached_from`, ADR 0020). Each original is
+/// found by its primary key. A string literal, for `concat!`.
+#[macro_export]
+macro_rules! analyses_with_inventory {
+    ($alias:literal) => {
+        concat!(
+            "(SELECT a.id, a.user_id, a.repository, a.requested_ref, a.commit, a.state, \
+             a.job_id, a.cached_from, a.error, a.created_at, a.updated_at, a.completed_at, \
+             a.xmin, coalesce(a.result, o.result) AS result \
+             FROM analyses a LEFT JOIN analyses o ON a.result IS NULL AND o.id = a.cached_from) \
+             AS ",
+            $alias
+        )
+    };
+}
+
 /// The state of an analysis or specview record (`fairlane_work_state`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
 #[sqlx(type_name = "fairlane_work_state", rename_all = "snake_case")]

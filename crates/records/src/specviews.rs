@@ -33,7 +33,7 @@ pub async fn claim(
 ) -> Result<Result<SpecviewRecord, Refusal>, sqlx::Error> {
     // The analysis's inventory comes with it: up to 64 MiB.
     let claimed: Option<SpecviewRecord> = crate::with_buffers_given_back(pool, async |conn| {
-        sqlx::query_as(
+        sqlx::query_as(concat!(
             "WITH claimed AS ( \
            UPDATE specviews s SET state = 'running', updated_at = now(), job_id = $2 \
            WHERE id = $1 AND state IN ('pending', 'running') \
@@ -44,11 +44,11 @@ pub async fn claim(
          ) \
          SELECT c.id, c.user_id, c.analysis_id, c.job_id, a.state AS analysis_state, \
                 a.repository, a.commit, \
-                CASE WHEN a.state = 'completed' THEN coalesce(a.result, o.result)::text END \
-                  AS analysis_result \
-         FROM claimed c JOIN analyses a ON a.id = c.analysis_id \
-         LEFT JOIN analyses o ON a.result IS NULL AND o.id = a.cached_from",
-        )
+                CASE WHEN a.state = 'completed' THEN a.result::text END AS analysis_result \
+         FROM claimed c JOIN ",
+            crate::analyses_with_inventory!("a"),
+            " ON a.id = c.analysis_id",
+        ))
         .bind(specview_id)
         .bind(job_id)
         .fetch_optional(conn)

@@ -576,16 +576,17 @@ struct BatchRead {
 /// ([`quota::standings_cte`]) and, for each analysis request, the caller's own completed
 /// analysis of the repository at the commit, or else a copy of anyone's (the inventory of a
 /// public commit is the same for everybody) made for the caller in the same statement, which
-/// shares the original's inventory rather than storing it again ([`crate::routes::ANALYSES_READ`];
-/// the original is locked `FOR KEY SHARE`, as a foreign key would, so that a deletion of it
-/// waits for the copy to commit and then writes its inventory into it: ADR 0020), or else
-/// the caller's own analysis of it still in flight (`pending` or `running`, its job not final
-/// and no cancel asked of it, the newest of them if there are several: a request sent again,
-/// after a timeout say, gets the job it started instead of a second, billed one); and for each
-/// specview request, the caller's own specview of the analysis in flight. The repository is
-/// matched by its cache key, so an analysis of `…/o/r.git` serves `…/o/r`; the copy stores the
-/// caller's spelling, and its inventory names the one that was fetched. The three row sets come back side by
-/// side (`FULL JOIN … ON false`), each row filled from one of them.
+/// shares the original's inventory rather than storing it again
+/// ([`records::analyses_with_inventory`]; the original is locked `FOR KEY SHARE`, as a foreign
+/// key would, so that a deletion of it waits for the copy to commit and then writes its
+/// inventory into it: ADR 0020), or else the caller's own analysis of it still in flight
+/// (`pending` or `running`, its job not final and no cancel asked of it, the newest of them if
+/// there are several: a request sent again, after a timeout say, gets the job it started instead
+/// of a second, billed one); and for each specview request, the caller's own specview of the
+/// analysis in flight. The repository is matched by its cache key, so an analysis of
+/// `…/o/r.git` serves `…/o/r`; the copy stores the caller's spelling, and its inventory names
+/// the one that was fetched. The three row sets come back side by side (`FULL JOIN … ON
+/// false`), each row filled from one of them.
 async fn cached_and_standings(
     conn: &mut PgConnection,
     items: &[&EnqueueRequest],

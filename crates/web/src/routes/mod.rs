@@ -283,14 +283,9 @@ pub const ANALYSIS_COLUMNS: &str = concat!(
 );
 
 /// What an analysis is read from (`FROM`), as `analyses`: each record with its inventory as
-/// `result`, a cache copy's being its original's (`cached_from`), which the copy shares instead
-/// of storing it again (migration `cache_copies_share_inventories`). The record is still probed
-/// by its key, and the original by its primary key.
-pub const ANALYSES_READ: &str = "(SELECT a.id, a.user_id, a.repository, a.requested_ref, \
-     a.commit, a.state, a.job_id, a.cached_from, a.error, a.created_at, a.updated_at, \
-     a.completed_at, a.xmin, coalesce(a.result, o.result) AS result \
-     FROM analyses a LEFT JOIN analyses o ON a.result IS NULL AND o.id = a.cached_from) \
-     AS analyses";
+/// `result`, a cache copy's being its original's, which the copy shares instead of storing it
+/// again ([`records::analyses_with_inventory`], ADR 0020).
+pub const ANALYSES_READ: &str = records::analyses_with_inventory!("analyses");
 
 /// The columns of [`AnalysisView`] but `result`: an [`AnalysisSummary`].
 macro_rules! analysis_columns_but_result {
